@@ -1,0 +1,1 @@
+//! Benchmarks against OpenAI-compatible endpoints (filled by the cache-bench issue).

@@ -1,0 +1,1 @@
+//! Model weights, tokenizers and architectures (filled by the model-runtime issue).
