@@ -108,12 +108,11 @@ pub fn prepare_request(request: &ChatRequest, behavior: &TemplateBehavior) -> Re
         if fields.get("role").and_then(Json::as_str) == Some("developer") {
             fields.insert("role".into(), json!("system"));
         }
-        if !behavior.accepts_content_parts {
-            if let Some(Json::Array(parts)) = fields.get("content") {
-                let text =
-                    flatten_parts(parts).map_err(|m| TemplateError::BadRequest(format!("messages[{i}]: {m}")))?;
-                fields.insert("content".into(), json!(text));
-            }
+        if !behavior.accepts_content_parts
+            && let Some(Json::Array(parts)) = fields.get("content")
+        {
+            let text = flatten_parts(parts).map_err(|m| TemplateError::BadRequest(format!("messages[{i}]: {m}")))?;
+            fields.insert("content".into(), json!(text));
         }
         if fields.get("role").and_then(Json::as_str) == Some("assistant") {
             prepare_assistant(fields, behavior);
@@ -143,10 +142,10 @@ fn prepare_assistant(fields: &mut Map<String, Json>, behavior: &TemplateBehavior
                 Some(function) => function.get_mut("arguments"),
                 None => call.get_mut("arguments"),
             };
-            if let Some(arguments) = slot {
-                if let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok()) {
-                    *arguments = parsed;
-                }
+            if let Some(arguments) = slot
+                && let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok())
+            {
+                *arguments = parsed;
             }
         }
     }

@@ -58,11 +58,11 @@ fn write_repr(out: &mut String, value: &Value) {
 }
 
 fn write_number(out: &mut String, value: &Value) {
-    if let Some(i) = value.as_i64() {
-        if value.is_integer() {
-            let _ = write!(out, "{i}");
-            return;
-        }
+    if let Some(i) = value.as_i64()
+        && value.is_integer()
+    {
+        let _ = write!(out, "{i}");
+        return;
     }
     match f64::try_from(value.clone()) {
         Ok(f) if value.is_integer() => {
@@ -167,8 +167,9 @@ pub fn py_is_space(c: char) -> bool {
     c.is_whitespace() || matches!(c as u32, 0x1c..=0x1f)
 }
 
-/// Options of Python's `json.dumps` that chat templates use.
-#[derive(Debug, Clone)]
+/// Options of Python's `json.dumps` that chat templates use. The default is transformers'
+/// `tojson`, whose `ensure_ascii` is false (unlike `json.dumps`).
+#[derive(Debug, Clone, Default)]
 pub struct JsonDumpOptions {
     /// Escape every non-ASCII character as `\uXXXX`.
     pub ensure_ascii: bool,
@@ -178,13 +179,6 @@ pub struct JsonDumpOptions {
     pub separators: Option<(String, String)>,
     /// Sort object keys.
     pub sort_keys: bool,
-}
-
-impl Default for JsonDumpOptions {
-    fn default() -> Self {
-        // transformers' `tojson` defaults `ensure_ascii` to false, unlike `json.dumps`.
-        JsonDumpOptions { ensure_ascii: false, indent: None, separators: None, sort_keys: false }
-    }
 }
 
 /// Serializes a value exactly as `json.dumps(value, **options)` would.

@@ -100,10 +100,10 @@ impl TemplateSource {
             for (attribute, key) in
                 [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")]
             {
-                if let Some(GgufValue::Int(id)) = metadata.get(key) {
-                    if let Some(token) = usize::try_from(*id).ok().and_then(|i| tokens.get(i)) {
-                        special_tokens.insert(attribute.to_owned(), token.clone());
-                    }
+                if let Some(GgufValue::Int(id)) = metadata.get(key)
+                    && let Some(token) = usize::try_from(*id).ok().and_then(|i| tokens.get(i))
+                {
+                    special_tokens.insert(attribute.to_owned(), token.clone());
                 }
             }
         }

@@ -115,10 +115,8 @@ fn preparation_makes_every_template_accept_what_transformers_accepts_in_some_for
             let accepted_somehow = ["raw", "prepared"]
                 .iter()
                 .any(|mode| references.get(&(case.id.clone(), name.clone(), (*mode).to_owned())).is_some_and(|r| r.ok));
-            if accepted_somehow {
-                if let Err(err) = prepared.render(&request) {
-                    failures.push(format!("{} × {name}: {err}", case.id));
-                }
+            if accepted_somehow && let Err(err) = prepared.render(&request) {
+                failures.push(format!("{} × {name}: {err}", case.id));
             }
         }
     }

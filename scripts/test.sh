@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace, as CI does: formatting, clippy, unit, property, parity and
+# end-to-end tests. Third-party assets are fetched (pinned, sha256-checked) through assets.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== assets"
+scripts/assets.sh fetch
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
