@@ -3,99 +3,30 @@
 //!
 //! The rules, applied in order:
 //! 1. `developer` messages are system messages.
-//! 2. The leading run of system messages becomes one, contents joined with `"\n\n"`, bytes
+//! 2. Content-part arrays become text where the template cannot print them.
+//! 3. Tool-call arguments stay the client's string unless the template needs an object; an
+//!    assistant tool-call message without content gets `""` where the template needs text.
+//! 4. The leading run of system messages becomes one, contents joined with `"\n\n"`, bytes
 //!    untouched, so an agent's stable block stays a prefix of the prompt.
-//! 3. A later system message stays in place when the template renders it there; otherwise its
+//! 5. A later system message stays in place when the template renders it there; otherwise its
 //!    text joins the next user message (or the previous one, or becomes a user message). It is
 //!    never hoisted to the top: that would rewrite the prompt's start and miss the cache.
-//! 4. Content-part arrays become text where the template cannot print them.
-//! 5. Tool-call arguments stay the client's string unless the template needs an object.
-//! 6. An assistant tool-call message without content gets `""` where the template needs text.
+//! 6. Where the template has no tool support, tool calls become `<tool_call>` text in the
+//!    assistant's content and tool results become `<tool_response>` user text.
+//! 7. Where the template requires alternating turns, neighbouring same-role messages merge.
 //!
-//! What a template can take is found out once, by rendering tiny sentinel conversations
-//! ([`TemplateBehavior::probe`]), never guessed from the template's name.
+//! What a template accepts is found out once by [`TemplateBehavior::probe`].
+
+mod probe;
+mod tools;
+
+pub use probe::TemplateBehavior;
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::TemplateError;
-use crate::render::{ChatTemplate, RenderInput};
+use crate::render::ChatTemplate;
 use crate::request::ChatRequest;
-
-/// What a template was found to accept, by probing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TemplateBehavior {
-    /// A system message after the first renders in place.
-    pub renders_later_system: bool,
-    /// Content given as an array of `{"type": "text", "text": …}` parts renders as its text.
-    pub accepts_content_parts: bool,
-    /// Tool-call arguments given as a JSON string render verbatim (else they must be objects).
-    pub accepts_string_arguments: bool,
-    /// An assistant message with tool calls and no content renders.
-    pub accepts_missing_tool_call_content: bool,
-}
-
-const PROBE_SYSTEM: &str = "radix-probe-later-system";
-const PROBE_PART: &str = "radix-probe-content-part";
-const PROBE_ARGUMENT_KEY: &str = "radix_probe_argument";
-
-impl TemplateBehavior {
-    /// Renders sentinel conversations to find out what `template` accepts.
-    pub fn probe(template: &ChatTemplate) -> Self {
-        let render = |messages: Vec<Json>| {
-            template.render(&RenderInput { messages, add_generation_prompt: true, ..Default::default() })
-        };
-        let renders_later_system = render(vec![
-            json!({"role": "user", "content": "radix-probe-user-1"}),
-            json!({"role": "assistant", "content": "radix-probe-assistant"}),
-            json!({"role": "system", "content": PROBE_SYSTEM}),
-            json!({"role": "user", "content": "radix-probe-user-2"}),
-        ])
-        .is_ok_and(|out| in_order(&out, &["radix-probe-assistant", PROBE_SYSTEM, "radix-probe-user-2"]));
-
-        let accepts_content_parts =
-            render(vec![json!({"role": "user", "content": [{"type": "text", "text": PROBE_PART}]})])
-                .is_ok_and(|out| out.contains(PROBE_PART) && !out.contains("'text'") && !out.contains("\"text\""));
-
-        let arguments = format!("{{\"{PROBE_ARGUMENT_KEY}\": 1}}");
-        let tool_call_turn = |call_arguments: Json, content: Option<&str>| {
-            let mut assistant = json!({"role": "assistant", "tool_calls": [{
-                "id": "call_probe", "type": "function",
-                "function": {"name": "radix_probe_tool", "arguments": call_arguments}}]});
-            if let Some(content) = content {
-                assistant["content"] = json!(content);
-            }
-            vec![
-                json!({"role": "user", "content": "radix-probe-user-1"}),
-                assistant,
-                json!({"role": "tool", "tool_call_id": "call_probe", "content": "radix-probe-result"}),
-            ]
-        };
-        let accepts_string_arguments = match render(tool_call_turn(json!(arguments), Some(""))) {
-            Ok(out) => out.contains(&arguments) || !out.contains(PROBE_ARGUMENT_KEY),
-            Err(_) => render(tool_call_turn(json!({PROBE_ARGUMENT_KEY: 1}), Some(""))).is_err(),
-        };
-        let accepts_missing_tool_call_content = render(tool_call_turn(json!(arguments), None)).is_ok()
-            || render(tool_call_turn(json!(arguments), Some(""))).is_err();
-
-        TemplateBehavior {
-            renders_later_system,
-            accepts_content_parts,
-            accepts_string_arguments,
-            accepts_missing_tool_call_content,
-        }
-    }
-}
-
-fn in_order(haystack: &str, needles: &[&str]) -> bool {
-    let mut from = 0;
-    for needle in needles {
-        match haystack[from..].find(needle) {
-            Some(at) => from += at + needle.len(),
-            None => return false,
-        }
-    }
-    true
-}
 
 /// Prepares a request's messages for a template with the given behaviour (the rules above).
 pub fn prepare_request(request: &ChatRequest, behavior: &TemplateBehavior) -> Result<ChatRequest, TemplateError> {
@@ -119,12 +50,23 @@ pub fn prepare_request(request: &ChatRequest, behavior: &TemplateBehavior) -> Re
         }
         messages.push(message);
     }
-    let messages = merge_leading_system(messages);
-    let messages = if behavior.renders_later_system { messages } else { fold_later_system(messages) };
+    let mut messages = merge_leading_system(messages);
+    if !behavior.renders_later_system {
+        messages = fold_later_system(messages);
+    }
+    if !behavior.renders_tool_calls {
+        tools::tool_calls_as_content(&mut messages);
+    }
+    if !behavior.renders_tool_role {
+        messages = tools::tool_results_as_user(messages);
+    }
+    if !behavior.accepts_consecutive_roles {
+        messages = tools::merge_consecutive_roles(messages);
+    }
     Ok(ChatRequest { messages, ..request.clone() })
 }
 
-fn role(message: &Json) -> Option<&str> {
+pub(crate) fn role(message: &Json) -> Option<&str> {
     message.get("role").and_then(Json::as_str)
 }
 
@@ -169,7 +111,7 @@ fn flatten_parts(parts: &[Json]) -> Result<String, String> {
 }
 
 /// The text of a message's content (string, or parts joined as in [`flatten_parts`]).
-fn content_text(message: &Json) -> String {
+pub(crate) fn content_text(message: &Json) -> String {
     match message.get("content") {
         Some(Json::String(s)) => s.clone(),
         Some(Json::Array(parts)) => flatten_parts(parts).unwrap_or_default(),

@@ -1,0 +1,80 @@
+//! Rewrites for templates that lack tool support or require alternating turns: tool calls
+//! become text in the assistant's content, tool results become user text, and same-role
+//! neighbours merge. Each rewrite is local, so a conversation's earlier turns render the same
+//! whatever is appended after them.
+
+use serde_json::{Value as Json, json};
+
+use super::{content_text, role};
+
+/// `<tool_call>` blocks in the Hermes/Qwen form, which our output parser reads back.
+fn tool_call_text(call: &Json) -> String {
+    let function = call.get("function").unwrap_or(call);
+    let name = function.get("name").and_then(Json::as_str).unwrap_or_default();
+    let arguments = match function.get("arguments") {
+        Some(Json::String(raw)) => raw.clone(),
+        Some(other) => other.to_string(),
+        None => "{}".to_owned(),
+    };
+    format!("<tool_call>\n{{\"name\": {}, \"arguments\": {arguments}}}\n</tool_call>", Json::from(name))
+}
+
+/// Moves assistant tool calls into the assistant's content as text.
+pub(super) fn tool_calls_as_content(messages: &mut [Json]) {
+    for message in messages.iter_mut().filter(|m| role(m) == Some("assistant")) {
+        let Some(Json::Array(calls)) = message.as_object_mut().and_then(|m| m.remove("tool_calls")) else {
+            continue;
+        };
+        let mut text = content_text(message);
+        for call in &calls {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&tool_call_text(call));
+        }
+        message["content"] = json!(text);
+    }
+}
+
+/// Turns tool results into user messages; a run of results becomes one user message.
+pub(super) fn tool_results_as_user(messages: Vec<Json>) -> Vec<Json> {
+    let mut out: Vec<Json> = Vec::with_capacity(messages.len());
+    let mut previous_was_tool = false;
+    for message in messages {
+        if role(&message) != Some("tool") {
+            previous_was_tool = false;
+            out.push(message);
+            continue;
+        }
+        let wrapped = format!("<tool_response>\n{}\n</tool_response>", content_text(&message));
+        match out.last_mut() {
+            Some(last) if previous_was_tool => {
+                let joined = format!("{}\n{wrapped}", content_text(last));
+                last["content"] = json!(joined);
+            }
+            _ => out.push(json!({"role": "user", "content": wrapped})),
+        }
+        previous_was_tool = true;
+    }
+    out
+}
+
+/// Merges neighbouring user messages (and neighbouring assistant messages), joined with
+/// `"\n\n"`, for templates that require strictly alternating turns.
+pub(super) fn merge_consecutive_roles(messages: Vec<Json>) -> Vec<Json> {
+    let mut out: Vec<Json> = Vec::with_capacity(messages.len());
+    for message in messages {
+        let mergeable = matches!(role(&message), Some("user") | Some("assistant"));
+        match out.last_mut() {
+            Some(last) if mergeable && role(last) == role(&message) && last.get("tool_calls").is_none() => {
+                let joined = format!("{}\n\n{}", content_text(last), content_text(&message));
+                if let Some(calls) = message.get("tool_calls") {
+                    last["tool_calls"] = calls.clone();
+                }
+                last["content"] = json!(joined);
+            }
+            _ => out.push(message),
+        }
+    }
+    out
+}
