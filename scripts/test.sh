@@ -11,4 +11,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+# The end-to-end tests in tests/ run the real binary, which cargo does not build for another
+# package's tests: build it first.
+cargo build -p radix-serve --locked
 cargo test --workspace --locked

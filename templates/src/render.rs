@@ -343,7 +343,12 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
                 options.indent = match v.kind() {
                     ValueKind::None | ValueKind::Undefined => None,
                     ValueKind::String => Some(v.as_str().unwrap_or_default().to_owned()),
-                    ValueKind::Number => Some(" ".repeat(i64::try_from(v).unwrap_or(0).max(0) as usize)),
+                    ValueKind::Number => match i64::try_from(v) {
+                        // Bounded so that a template cannot make us allocate without limit.
+                        Ok(n @ 0..=64) => Some(" ".repeat(n as usize)),
+                        Ok(n) if n < 0 => Some(String::new()),
+                        _ => return Err(bad("tojson: indent must be an integer from 0 to 64".into())),
+                    },
                     _ => return Err(bad(format!("tojson: indent must be an int or a string, not {}", v.kind()))),
                 }
             }
