@@ -1,1 +1,48 @@
-//! Hot kernels over the paged KV pool (filled by the CPU-speed and GPU issues).
+//! Hot kernels over the paged KV pool.
+//!
+//! The KV cache of one layer is an external paged pool described by a
+//! [`PagedLayout`]: `num_pages * page_size` token slots, each holding
+//! `[num_kv_heads, head_dim]` K (or V) elements of a [`KvElement`] type
+//! (`f32`, `f16`, `bf16`). Sequences address their context through page
+//! tables, so pages can be shared between sequences through the radix cache.
+//!
+//! - [`write_kv`] stores the new tokens' K/V rows into their slots.
+//! - [`paged_attention`] runs causal attention of a batch that mixes decode
+//!   tokens and prefill chunks over each sequence's paged context, on the CPU,
+//!   in parallel on the current rayon pool.
+//!
+//! CUDA and Metal kernels will live behind the `cuda` and `metal` features.
+//!
+//! ```
+//! use radix_kernels::{paged_attention, write_kv, PagedLayout, SequenceAttention};
+//!
+//! let layout = PagedLayout { num_kv_heads: 1, head_dim: 2, page_size: 2, num_pages: 4 };
+//! let mut k = vec![0.0f32; layout.layer_len()];
+//! let mut v = vec![0.0f32; layout.layer_len()];
+//! // Two tokens in page 3 (slots 6 and 7).
+//! write_kv(&layout, &[1.0, 0.0, 0.0, 1.0], &[1.0, 2.0, 3.0, 4.0], &[6, 7], &mut k, &mut v)?;
+//! let q = [0.0f32, 0.0];
+//! let mut out = [0.0f32; 2];
+//! let seq = SequenceAttention { query_start: 0, query_len: 1, context_len: 2, page_table: &[3] };
+//! paged_attention(&layout, 1, 1.0, &q, &k, &v, &[seq], &mut out)?;
+//! assert_eq!(out, [2.0, 3.0]); // equal weights: the mean of the two V rows
+//! # Ok::<(), radix_kernels::KernelError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod attention;
+mod element;
+mod error;
+mod layout;
+mod vector;
+mod write;
+
+pub use attention::{SequenceAttention, paged_attention};
+pub use element::KvElement;
+pub use error::KernelError;
+pub use layout::PagedLayout;
+pub use write::write_kv;
+
+/// Re-export of the `half` crate, whose `f16` and `bf16` implement [`KvElement`].
+pub use half;

@@ -1,1 +1,24 @@
-//! Model weights, tokenizers and architectures (filled by the model-runtime issue).
+//! Model weights, tokenizers and architectures for radix-serve.
+//!
+//! - [`tokenizer`]: text to token ids and back, loaded from a `tokenizer.json` or built from a
+//!   GGUF file's metadata, with an incremental detokenizer for streaming.
+#![warn(missing_docs)]
+
+pub mod tokenizer;
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod kv_pool;
+pub mod model;
+pub mod rope;
+pub mod source;
+mod weights;
+
+pub use batch::{ForwardBatch, SequenceChunk};
+pub use config::{Architecture, ModelConfig};
+pub use error::{ModelError, Result};
+pub use kv_pool::{KvDType, KvPool};
+pub use model::{LoadOptions, Model};
+pub use source::{HubOptions, ModelFiles, resolve_model};
+pub use weights::{Embedding, Linear};

@@ -1,6 +1,7 @@
 //! `radix-serve`: an OpenAI-compatible local inference server built around a radix-tree KV
-//! prefix cache. Today it offers the `template` subcommand; serving lands with the engine.
+//! prefix cache. With no subcommand it serves; `template` renders a chat template.
 
+mod serve;
 mod template_cmd;
 
 use clap::{Parser, Subcommand};
@@ -15,6 +16,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    serve: serve::ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -24,13 +27,10 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
     let result = match cli.command {
         Some(Command::Template(args)) => template_cmd::run(&args),
-        None => Err(anyhow::anyhow!(
-            "serving is not built yet (the engine and HTTP API are open issues); \
-             today radix-serve offers `radix-serve template --help`"
-        )),
+        None => serve::run(cli.serve),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -23,7 +23,9 @@ pub enum GgufValue {
     String(String),
     /// An array of strings (token lists).
     StringArray(Vec<String>),
-    /// Any other array, skipped: only its length is kept.
+    /// An array of any integer type (token types), widened to i64.
+    IntArray(Vec<i64>),
+    /// Any other array (floats, nested arrays), skipped: only its length is kept.
     OtherArray(u64),
 }
 
@@ -34,6 +36,7 @@ const MAGIC: &[u8; 4] = b"GGUF";
 // Upper bounds that keep a corrupt or hostile file from making us allocate unbounded memory.
 const MAX_STRING: u64 = 64 << 20;
 const MAX_KEYS: u64 = 1 << 20;
+const MAX_INT_ARRAY_BYTES: u64 = 256 << 20;
 
 /// Reads all metadata key/value pairs of the GGUF file at `path`.
 pub fn read_gguf_metadata(path: &Path) -> Result<GgufMetadata, TemplateError> {
@@ -122,6 +125,19 @@ impl<R: Read> GgufReader<'_, R> {
                         items.push(self.string()?);
                     }
                     GgufValue::StringArray(items)
+                } else if is_integer(item_type) {
+                    let size = scalar_size(item_type).unwrap_or(8);
+                    if len.checked_mul(size).is_none_or(|bytes| bytes > MAX_INT_ARRAY_BYTES) {
+                        return Err(self.bad(format!("GGUF array of {len} integers is implausibly long")));
+                    }
+                    let mut items = Vec::with_capacity(len.min(1 << 20) as usize);
+                    for _ in 0..len {
+                        match self.value(item_type)? {
+                            GgufValue::Int(v) => items.push(v),
+                            other => return Err(self.bad(format!("GGUF integer array holds {other:?}"))),
+                        }
+                    }
+                    GgufValue::IntArray(items)
                 } else {
                     let size = scalar_size(item_type)
                         .ok_or_else(|| self.bad(format!("unsupported GGUF array item type {item_type}")))?;
@@ -140,6 +156,10 @@ impl<R: Read> GgufReader<'_, R> {
             other => return Err(self.bad(format!("unknown GGUF value type {other}"))),
         })
     }
+}
+
+fn is_integer(value_type: u32) -> bool {
+    matches!(value_type, 0..=5 | 10 | 11)
 }
 
 fn scalar_size(value_type: u32) -> Option<u64> {

@@ -1,0 +1,277 @@
+//! Prompt-processing and decode throughput of one GGUF model on our runtime, measured the way
+//! `llama-bench` measures llama.cpp, plus the process's peak RSS.
+//!
+//! ```text
+//! model-bench --model FILE.gguf [--threads 2] [--pp 512,2048] [--tg-ctx 512,2048]
+//!             [--tg-tokens 32] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
+//!             [--touch-kv] [--attention] [--json]
+//! ```
+//!
+//! - `pp N`: one forward of N prompt tokens into an empty context (logits for the last one);
+//!   tokens/s = N / time. Like llama-bench's `pp N`, except llama-bench splits N into ubatches
+//!   of 512.
+//! - `tg @ C`: C prompt tokens are prefilled (untimed), then `--tg-tokens` decode steps of one
+//!   token each (logits wanted) are timed; tokens/s = steps / time. Like `llama-bench -n 32 -d C`.
+//!   Each repetition decodes at positions C.. again, over the same prefilled prefix.
+//! - Each figure is the median of `--reps` runs, after one untimed warm-up forward.
+//! - The KV pool is `--kv-budget-mib` of `--kv-dtype`, pages of 16 tokens, as the server
+//!   allocates it; if it cannot hold the longest context asked for, it is grown to fit (said on
+//!   stderr). `--touch-kv` writes every page once, so the whole budget is resident, as in a
+//!   server whose cache has filled up: the peak RSS then bounds serving.
+//! - `--attention`: also times the attention kernel alone (`write_kv` + `paged_attention` for
+//!   every layer, same shapes, same threads), to split each figure into attention and the rest.
+//! - A length of 0 in `--pp` or `--tg-ctx` is skipped (`--pp 0` times decode alone).
+//! - Peak RSS is `VmHWM` of `/proc/self/status` at the end.
+//!
+//! Token ids are arbitrary (`i * 7919 % vocab`): the cost does not depend on them.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use radix_kernels::half::f16;
+use radix_kernels::{PagedLayout, SequenceAttention, paged_attention, write_kv};
+use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(about = "Prompt-processing and decode tokens/s of a GGUF model on our runtime")]
+struct Args {
+    /// The GGUF model.
+    #[arg(long)]
+    model: PathBuf,
+    /// Model threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Prompt lengths to time (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    pp: Vec<usize>,
+    /// Contexts at which to time decode (comma-separated).
+    #[arg(long = "tg-ctx", value_delimiter = ',', default_value = "512,2048")]
+    tg_ctx: Vec<usize>,
+    /// Decode steps timed per repetition.
+    #[arg(long = "tg-tokens", default_value_t = 32)]
+    tg_tokens: usize,
+    /// Repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// KV pool budget in MiB.
+    #[arg(long = "kv-budget-mib", default_value_t = 256)]
+    kv_budget_mib: usize,
+    /// KV element type: f16, bf16 or f32.
+    #[arg(long = "kv-dtype", default_value = "f16")]
+    kv_dtype: String,
+    /// Tokens per KV page.
+    #[arg(long = "page-size", default_value_t = 16)]
+    page_size: usize,
+    /// Write every KV page once, so the whole budget is resident for the RSS figure.
+    #[arg(long = "touch-kv")]
+    touch_kv: bool,
+    /// Also time the attention kernel alone with the same shapes.
+    #[arg(long)]
+    attention: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn status_kib(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn tokens(n: usize, offset: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((offset + i) * 7919 % vocab) as u32).collect()
+}
+
+/// Runs one forward of `new` tokens ending at context `context_len`.
+fn forward(model: &Model, pool: &mut KvPool, pages: &[u32], new: &[u32], context_len: usize) -> Result<f64> {
+    let mut batch = ForwardBatch::default();
+    let need = context_len.div_ceil(pool.page_size());
+    batch.push(new, context_len, pages[..need].to_vec(), true);
+    let t = Instant::now();
+    let logits = model.forward(&batch, pool)?;
+    let dt = t.elapsed().as_secs_f64();
+    anyhow::ensure!(logits.dims()[0] == 1, "expected one row of logits, got {:?}", logits.dims());
+    Ok(dt)
+}
+
+/// The attention kernel alone: `write_kv` + `paged_attention` for every layer of a forward of
+/// `new` tokens at context `context_len`, on a pool of `threads` threads; the K/V storage is one
+/// layer's, reused for every layer (the cost per layer is the same).
+struct AttentionProbe {
+    pool: rayon::ThreadPool,
+    layout: PagedLayout,
+    heads: usize,
+    layers: usize,
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+impl AttentionProbe {
+    fn time(&mut self, new: usize, context_len: usize) -> f64 {
+        let l = self.layout;
+        let (rows, slot) = (new * self.heads * l.head_dim, l.slot_len());
+        let q: Vec<f32> = (0..rows).map(|i| ((i * 31 % 97) as f32 - 48.0) / 97.0).collect();
+        let kv: Vec<f32> = (0..new * slot).map(|i| ((i * 17 % 89) as f32 - 44.0) / 89.0).collect();
+        let pages: Vec<u32> = (0..context_len.div_ceil(l.page_size) as u32).collect();
+        let slots: Vec<u32> = (context_len - new..context_len).map(|p| p as u32).collect();
+        let seq = SequenceAttention { query_start: 0, query_len: new, context_len, page_table: &pages };
+        let mut out = vec![0.0f32; rows];
+        let scale = 1.0 / (l.head_dim as f32).sqrt();
+        let (k, v) = (&mut self.k, &mut self.v);
+        let t = Instant::now();
+        self.pool.install(|| {
+            for _ in 0..self.layers {
+                write_kv(&l, &kv, &kv, &slots, k, v).expect("write_kv");
+                paged_attention(&l, self.heads, scale, &q, k, v, &[seq], &mut out).expect("paged_attention");
+            }
+        });
+        t.elapsed().as_secs_f64()
+    }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let dtype = match a.kv_dtype.as_str() {
+        "f16" => KvDType::F16,
+        "bf16" => KvDType::BF16,
+        "f32" => KvDType::F32,
+        other => bail!("unknown --kv-dtype {other}"),
+    };
+    // candle 0.11 runs quantized matmuls on its own barrier pool, sized by CANDLE_NUM_THREADS
+    // (else RAYON_NUM_THREADS, else the physical cores), not by the model's thread pool: pin it
+    // to --threads so both runtimes use the same number of cores.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", a.threads.to_string()) };
+    }
+    let rss_before = status_kib("VmRSS:").unwrap_or(0);
+    let t = Instant::now();
+    let model = Model::from_gguf(&a.model, &LoadOptions { threads: a.threads, dequantize_weights: false })
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let load_s = t.elapsed().as_secs_f64();
+    let rss_model = status_kib("VmRSS:").unwrap_or(0);
+    let c = model.config().clone();
+    for n in model.load_notes() {
+        eprintln!("model-bench: load note: {n}");
+    }
+
+    let budget = a.kv_budget_mib << 20;
+    let page_bytes = KvPool::page_bytes(&c, a.page_size, dtype);
+    let longest = a.pp.iter().copied().chain(a.tg_ctx.iter().map(|&x| x + a.tg_tokens)).max().unwrap_or(1);
+    let need_pages = longest.div_ceil(a.page_size);
+    let mut pool = KvPool::with_budget(&c, a.page_size, budget, dtype)?;
+    if pool.num_pages() < need_pages {
+        eprintln!(
+            "model-bench: {} MiB holds {} pages of {}; growing to {need_pages} pages for {longest} tokens",
+            a.kv_budget_mib,
+            pool.num_pages(),
+            a.page_size
+        );
+        pool = KvPool::new(&c, a.page_size, need_pages, dtype)?;
+    }
+    if a.touch_kv {
+        for p in 1..pool.num_pages() as u32 {
+            pool.copy_page(0, p, a.page_size)?;
+        }
+    }
+    let rss_pool = status_kib("VmRSS:").unwrap_or(0);
+    let pages: Vec<u32> = (0..pool.num_pages() as u32).collect();
+    let vocab = c.vocab_size;
+
+    let mut probe = a.attention.then(|| AttentionProbe {
+        pool: rayon::ThreadPoolBuilder::new().num_threads(a.threads).build().expect("attention threads"),
+        layout: PagedLayout {
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            page_size: a.page_size,
+            num_pages: need_pages,
+        },
+        heads: c.num_heads,
+        layers: c.num_layers,
+        k: vec![f16::ZERO; need_pages * a.page_size * c.num_kv_heads * c.head_dim],
+        v: vec![f16::ZERO; need_pages * a.page_size * c.num_kv_heads * c.head_dim],
+    });
+
+    // Warm-up: one small prefill and one decode step.
+    forward(&model, &mut pool, &pages, &tokens(16, 0, vocab), 16)?;
+    forward(&model, &mut pool, &pages, &tokens(1, 16, vocab), 17)?;
+
+    let rss_warm = status_kib("VmRSS:").unwrap_or(0);
+    let mut results = Vec::new();
+    for &n in a.pp.iter().filter(|&&n| n > 0) {
+        let times: Vec<f64> = (0..a.reps)
+            .map(|r| forward(&model, &mut pool, &pages, &tokens(n, r, vocab), n))
+            .collect::<Result<_>>()?;
+        let s = median(times);
+        let attn = probe.as_mut().map(|p| median((0..a.reps).map(|_| p.time(n, n)).collect()));
+        eprintln!("model-bench: pp{n}: {:.2} tok/s", n as f64 / s);
+        results.push(json!({"test": format!("pp{n}"), "n_prompt": n, "n_gen": 0, "depth": 0,
+            "seconds": s, "tokens_per_s": n as f64 / s, "attention_seconds": attn,
+            "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
+    }
+    for &ctx in a.tg_ctx.iter().filter(|&&c| c > 0) {
+        forward(&model, &mut pool, &pages, &tokens(ctx, 1000, vocab), ctx)?;
+        let mut times = Vec::new();
+        for r in 0..a.reps {
+            let mut total = 0.0;
+            for i in 0..a.tg_tokens {
+                total += forward(&model, &mut pool, &pages, &tokens(1, 5000 + r * 100 + i, vocab), ctx + i + 1)?;
+            }
+            times.push(total);
+        }
+        let s = median(times);
+        let attn = probe.as_mut().map(|p| {
+            median((0..a.reps).map(|_| (0..a.tg_tokens).map(|i| p.time(1, ctx + i + 1)).sum()).collect())
+        });
+        let tps = a.tg_tokens as f64 / s;
+        eprintln!("model-bench: tg{}@d{ctx}: {tps:.2} tok/s", a.tg_tokens);
+        results.push(json!({"test": format!("tg{}@d{ctx}", a.tg_tokens), "n_prompt": 0, "n_gen": a.tg_tokens,
+            "depth": ctx, "seconds": s, "tokens_per_s": tps, "attention_seconds": attn,
+            "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
+    }
+
+    let peak = status_kib("VmHWM:").unwrap_or(0);
+    let file_bytes = std::fs::metadata(&a.model)?.len();
+    let kv_bytes = pool.num_pages() * page_bytes;
+    let out = json!({
+        "model": a.model.display().to_string(),
+        "arch": format!("{:?}", c.arch),
+        "file_bytes": file_bytes,
+        "threads": a.threads,
+        "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").unwrap_or_default(),
+        "reps": a.reps,
+        "load_seconds": load_s,
+        "kv": {"dtype": a.kv_dtype, "page_size": a.page_size, "pages": pool.num_pages(), "bytes": kv_bytes,
+               "budget_mib": a.kv_budget_mib, "touched": a.touch_kv},
+        "rss_kib": {"start": rss_before, "after_load": rss_model, "after_pool": rss_pool, "after_warmup": rss_warm, "peak": peak},
+        "results": results,
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!("model {} ({:.1} MiB), {} threads", a.model.display(), file_bytes as f64 / 1048576.0, a.threads);
+        for r in out["results"].as_array().unwrap() {
+            let attn = r["attention_seconds"].as_f64().map(|x| format!("  attention {:.0}%", 100.0 * x / r["seconds"].as_f64().unwrap()));
+            println!("{:>14} {:>10.2} tok/s{}", r["test"].as_str().unwrap(), r["tokens_per_s"].as_f64().unwrap(), attn.unwrap_or_default());
+        }
+        println!(
+            "peak RSS {:.1} MiB (model file {:.1} MiB + KV {:.1} MiB{} + 150 MiB = bound {:.1} MiB)",
+            peak as f64 / 1024.0,
+            file_bytes as f64 / 1048576.0,
+            kv_bytes as f64 / 1048576.0,
+            if a.touch_kv { ", all resident" } else { ", untouched pages not resident" },
+            file_bytes as f64 / 1048576.0 + a.kv_budget_mib as f64 + 150.0
+        );
+    }
+    Ok(())
+}

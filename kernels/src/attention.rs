@@ -1,0 +1,535 @@
+//! Causal attention over the paged KV pool (CPU, multi-threaded with rayon).
+
+use std::marker::PhantomData;
+
+use rayon::prelude::*;
+
+use crate::vector::{axpy, dot, exp_in_place, scale};
+use crate::write::check_len;
+use crate::{KernelError, KvElement, PagedLayout};
+
+/// Most query rows (query token x query head of one GQA group) one task
+/// scores against each loaded K/V row: every K/V row read from the pool (and
+/// converted, for f16/bf16) serves up to this many queries.
+const MAX_ROWS: usize = 16;
+
+/// Context positions scored together before one online-softmax update.
+const TILE: usize = 16;
+
+/// Largest `head_dim` whose scratch lives on the stack; larger heads use a
+/// heap scratch per task.
+const STACK_HEAD_DIM: usize = 256;
+
+/// Rows up to which a task uses the small stack scratch.
+const SMALL_ROWS: usize = 4;
+
+/// Scratch floats of a task: scaled queries and accumulators for `rows` query
+/// rows, plus one converted K row and one converted V row.
+const fn scratch_len(rows: usize, head_dim: usize) -> usize {
+    (2 * rows + 2) * head_dim
+}
+
+/// One sequence of the batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceAttention<'a> {
+    /// Index of this sequence's first new token among the batch's rows of `q`/`out`.
+    pub query_start: usize,
+    /// Number of new tokens (>= 1).
+    pub query_len: usize,
+    /// Tokens in its context INCLUDING the new ones; the new tokens are the
+    /// last `query_len` positions.
+    pub context_len: usize,
+    /// Pages holding positions `0..context_len` in order: position `p` is in
+    /// `page_table[p / page_size]` at offset `p % page_size`. Entries beyond
+    /// `ceil(context_len / page_size)` are ignored.
+    pub page_table: &'a [u32],
+}
+
+/// Causal attention of the batch's new tokens over each sequence's paged context.
+///
+/// `q`: `[n_rows, num_heads, head_dim]` f32; `out`: same shape. Token `i` of a
+/// sequence (absolute position `context_len - query_len + i`) attends to
+/// positions `0..=` that position, so the K/V of the new tokens must already
+/// be in the pool ([`write_kv`](crate::write_kv)). GQA: query head `h` reads
+/// kv head `h / (num_heads / num_kv_heads)`, never materializing repeated
+/// K/V. Online (streaming) softmax with f32 accumulation; `scale` multiplies
+/// `q · k` (usually `1 / sqrt(head_dim)`).
+///
+/// K/V are read in place through the page table (no gather copy). Runs in
+/// parallel with rayon on the *current* rayon pool (the caller owns a pool
+/// and calls `pool.install`), over tasks of (sequence, block of query tokens,
+/// query heads of one GQA group): each K/V row loaded serves up to 16
+/// (token, head) query rows; groups are split into fewer heads per task when
+/// the batch is too small to keep the pool busy. The result does not depend
+/// on the number of threads (bitwise).
+///
+/// Rows of `out` that belong to no sequence are left untouched. All inputs
+/// are validated first; on `Err` nothing is written.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention<T: KvElement>(
+    layout: &PagedLayout,
+    num_heads: usize,
+    scale: f32,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    seqs: &[SequenceAttention],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    run_attention(layout, num_heads, scale, q, k_cache, v_cache, seqs, out, has_avx2())
+}
+
+/// Whether the CPU supports AVX2 (cached by `std`).
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`paged_attention`] with the instruction set chosen by the caller: `avx2`
+/// may only be true where the CPU supports AVX2 (it is ignored off x86_64).
+#[allow(clippy::too_many_arguments)]
+fn run_attention<T: KvElement>(
+    layout: &PagedLayout,
+    num_heads: usize,
+    scale: f32,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    seqs: &[SequenceAttention],
+    out: &mut [f32],
+    avx2: bool,
+) -> Result<(), KernelError> {
+    validate(layout, num_heads, scale, q, k_cache, v_cache, seqs, out)?;
+    let group = num_heads / layout.num_kv_heads;
+    let plan = Plan::new(layout.num_kv_heads, group, seqs, rayon::current_num_threads());
+    let ctx = Ctx {
+        page_size: layout.page_size,
+        slot_len: layout.slot_len(),
+        head_dim: layout.head_dim,
+        num_heads,
+        group,
+        plan,
+        avx2,
+        scale,
+        q,
+        k_cache,
+        v_cache,
+        out: OutPtr::new(out),
+    };
+    let units = layout.num_kv_heads * plan.head_chunks;
+    seqs.par_iter().for_each(|seq| {
+        let blocks = seq.query_len.div_ceil(plan.tokens);
+        (0..blocks * units).into_par_iter().for_each(|task| ctx.run(seq, task / units, task % units));
+    });
+    Ok(())
+}
+
+/// How the batch is cut into tasks: a task is one sequence's block of up to
+/// `tokens` query tokens times up to `heads` query heads of one GQA group
+/// (at most [`MAX_ROWS`] rows), so those heads share every K/V load.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Query heads per task (within one kv head's group).
+    heads: usize,
+    /// Tasks per kv head's group: `ceil(group / heads)`.
+    head_chunks: usize,
+    /// Query tokens per task.
+    tokens: usize,
+}
+
+impl Plan {
+    /// Largest tasks that still give every thread a few tasks: starts with a
+    /// whole GQA group per task (capped at [`MAX_ROWS`]) and halves the heads
+    /// per task while there are fewer than `2 * threads` tasks. Each row's
+    /// arithmetic does not depend on the other rows of its task, so the plan
+    /// never changes results.
+    fn new(num_kv_heads: usize, group: usize, seqs: &[SequenceAttention], threads: usize) -> Self {
+        let make = |heads: usize| Plan { heads, head_chunks: group.div_ceil(heads), tokens: (MAX_ROWS / heads).max(1) };
+        let mut plan = make(group.min(MAX_ROWS));
+        while plan.heads > 1 {
+            let blocks: usize = seqs.iter().map(|s| s.query_len.div_ceil(plan.tokens)).sum();
+            if blocks.saturating_mul(num_kv_heads * plan.head_chunks) >= 2 * threads {
+                break;
+            }
+            plan = make(plan.heads.div_ceil(2));
+        }
+        debug_assert!(plan.heads * plan.tokens <= MAX_ROWS.max(plan.heads));
+        plan
+    }
+}
+
+/// Checks every shape and bound of [`paged_attention`]'s inputs.
+#[allow(clippy::too_many_arguments)]
+fn validate<T>(
+    layout: &PagedLayout,
+    num_heads: usize,
+    scale: f32,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    seqs: &[SequenceAttention],
+    out: &[f32],
+) -> Result<(), KernelError> {
+    layout.validate()?;
+    if num_heads == 0 || num_heads % layout.num_kv_heads != 0 {
+        return Err(KernelError::HeadsNotMultiple { num_heads, num_kv_heads: layout.num_kv_heads });
+    }
+    if !scale.is_finite() {
+        return Err(KernelError::NonFiniteScale(scale));
+    }
+    let row_len = num_heads
+        .checked_mul(layout.head_dim)
+        .ok_or(KernelError::InvalidLayout("num_heads * head_dim overflows usize"))?;
+    check_len("k_cache", k_cache.len(), layout.layer_len())?;
+    check_len("v_cache", v_cache.len(), layout.layer_len())?;
+    if q.len() % row_len != 0 {
+        return Err(KernelError::RaggedRows { what: "q", len: q.len(), row_len });
+    }
+    check_len("out", out.len(), q.len())?;
+    let n_rows = q.len() / row_len;
+
+    for (i, s) in seqs.iter().enumerate() {
+        if s.query_len == 0 {
+            return Err(KernelError::EmptyQuery { seq: i });
+        }
+        if s.context_len < s.query_len {
+            return Err(KernelError::ContextShorterThanQuery {
+                seq: i,
+                context_len: s.context_len,
+                query_len: s.query_len,
+            });
+        }
+        match s.query_start.checked_add(s.query_len) {
+            Some(end) if end <= n_rows => {}
+            _ => {
+                return Err(KernelError::QueryRowsOutOfBounds {
+                    seq: i,
+                    start: s.query_start,
+                    len: s.query_len,
+                    n_rows,
+                });
+            }
+        }
+        let needed = s.context_len.div_ceil(layout.page_size);
+        if s.page_table.len() < needed {
+            return Err(KernelError::PageTableTooShort {
+                seq: i,
+                len: s.page_table.len(),
+                needed,
+                context_len: s.context_len,
+            });
+        }
+        if let Some((index, &page)) =
+            s.page_table[..needed].iter().enumerate().find(|&(_, &p)| p as usize >= layout.num_pages)
+        {
+            return Err(KernelError::PageOutOfRange { seq: i, index, page, num_pages: layout.num_pages });
+        }
+    }
+
+    // Disjoint query rows: intervals sorted by start must not overlap. The
+    // usual batch is already sorted, which needs no allocation.
+    let overlap = |a: usize, b: usize| {
+        let (x, y) = (&seqs[a], &seqs[b]);
+        // Ends were checked above, so this cannot overflow.
+        if x.query_start + x.query_len > y.query_start {
+            Err(KernelError::QueryRowsOverlap { first: a.min(b), second: a.max(b) })
+        } else {
+            Ok(())
+        }
+    };
+    if seqs.windows(2).all(|w| w[0].query_start <= w[1].query_start) {
+        (1..seqs.len()).try_for_each(|i| overlap(i - 1, i))?;
+    } else {
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_unstable_by_key(|&i| seqs[i].query_start);
+        order.windows(2).try_for_each(|w| overlap(w[0], w[1]))?;
+    }
+    Ok(())
+}
+
+/// `out` shared by the parallel tasks, each writing its own disjoint rows.
+struct OutPtr<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _out: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `OutPtr` is only used to hand out disjoint sub-slices of one
+// `&mut [f32]` to tasks on other threads (see `OutPtr::slice`).
+unsafe impl Send for OutPtr<'_> {}
+// SAFETY: as above; shared access only ever creates non-overlapping slices.
+unsafe impl Sync for OutPtr<'_> {}
+
+impl<'a> OutPtr<'a> {
+    /// Takes over `out` for the lifetime of the tasks.
+    fn new(out: &'a mut [f32]) -> Self {
+        Self { ptr: out.as_mut_ptr(), len: out.len(), _out: PhantomData }
+    }
+
+    /// `out[start..start + len]`, mutably.
+    ///
+    /// # Safety
+    /// No two live slices returned by this function may overlap. Callers
+    /// guarantee it by writing only `out[row, h0..h0 + heads, ..]` for the
+    /// rows of their own (sequence, token block) and their own head range;
+    /// sequences' rows are validated to be disjoint.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start <= self.len && len <= self.len - start);
+        // SAFETY: in bounds (asserted above); disjointness is the caller's
+        // obligation, and `_out` keeps the original borrow alive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+/// Inputs shared by every task of one [`paged_attention`] call.
+struct Ctx<'a, T> {
+    page_size: usize,
+    slot_len: usize,
+    head_dim: usize,
+    num_heads: usize,
+    group: usize,
+    plan: Plan,
+    /// Use the AVX2 build of the inner loops (x86_64 only).
+    avx2: bool,
+    scale: f32,
+    q: &'a [f32],
+    k_cache: &'a [T],
+    v_cache: &'a [T],
+    out: OutPtr<'a>,
+}
+
+/// Borrows an `f32` K/V row in place, or converts it into `buf`.
+#[inline(always)]
+fn load<'b, T: KvElement>(src: &'b [T], buf: &'b mut [f32]) -> &'b [f32] {
+    match T::as_f32_slice(src) {
+        Some(row) => row,
+        None => {
+            T::slice_to_f32(src, buf);
+            buf
+        }
+    }
+}
+
+/// The query rows of one task: tokens `t0..t0 + tokens` of a sequence times
+/// query heads `h0..h0 + heads` (all reading kv head `kv_head`), ordered
+/// token-major: row `r` is token `t0 + r / heads`, head `h0 + r % heads`.
+#[derive(Clone, Copy, Debug)]
+struct Rows {
+    t0: usize,
+    tokens: usize,
+    h0: usize,
+    heads: usize,
+    kv_head: usize,
+}
+
+impl Rows {
+    fn len(&self) -> usize {
+        self.tokens * self.heads
+    }
+}
+
+impl<T: KvElement> Ctx<'_, T> {
+    /// One task: token block `block` of `seq`, head chunk `unit` (kv head
+    /// `unit / head_chunks`).
+    fn run(&self, seq: &SequenceAttention, block: usize, unit: usize) {
+        let plan = self.plan;
+        let kv_head = unit / plan.head_chunks;
+        let first_head = (unit % plan.head_chunks) * plan.heads;
+        let t0 = block * plan.tokens;
+        debug_assert!(t0 < seq.query_len && first_head < self.group);
+        let rows = Rows {
+            t0,
+            tokens: plan.tokens.min(seq.query_len - t0),
+            h0: kv_head * self.group + first_head,
+            heads: plan.heads.min(self.group - first_head),
+            kv_head,
+        };
+        let n = rows.len();
+        let d = self.head_dim;
+        if d > STACK_HEAD_DIM {
+            let mut scratch = vec![0.0f32; scratch_len(n, d)];
+            self.attend_dispatch(seq, rows, &mut scratch);
+        } else if n <= SMALL_ROWS {
+            let mut scratch = [0.0f32; scratch_len(SMALL_ROWS, STACK_HEAD_DIM)];
+            self.attend_dispatch(seq, rows, &mut scratch[..scratch_len(n, d)]);
+        } else {
+            let mut scratch = [0.0f32; scratch_len(MAX_ROWS, STACK_HEAD_DIM)];
+            self.attend_dispatch(seq, rows, &mut scratch[..scratch_len(n, d)]);
+        }
+    }
+
+    /// Runs [`attend`](Self::attend) compiled for the best instruction set
+    /// the CPU has. The arithmetic is the same sequence of IEEE operations
+    /// on every path (no FMA contraction), so results are bitwise equal.
+    #[inline(always)]
+    fn attend_dispatch(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            // SAFETY: `avx2` is only set when the CPU supports AVX2
+            // (`run_attention`'s contract).
+            unsafe { self.attend_avx2(seq, rows, scratch) };
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = self.avx2;
+        self.attend(seq, rows, scratch);
+    }
+
+    /// [`attend`](Self::attend) with 256-bit vectors.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn attend_avx2(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
+        self.attend(seq, rows, scratch);
+    }
+
+    /// Attention of one task's query rows, with a streaming softmax over
+    /// tiles of [`TILE`] context positions read in place through the page
+    /// table.
+    #[inline(always)]
+    fn attend(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
+        let d = self.head_dim;
+        let n = rows.len();
+        debug_assert!((1..=MAX_ROWS).contains(&n));
+        debug_assert_eq!(scratch.len(), scratch_len(n, d));
+        let (qs, rest) = scratch.split_at_mut(n * d);
+        let (acc, rest) = rest.split_at_mut(n * d);
+        let (kbuf, vbuf) = rest.split_at_mut(d);
+        let kv_off = rows.kv_head * d;
+
+        // Token t of the task sits at absolute position `first + t` and
+        // attends to positions 0..=first + t.
+        let first = seq.context_len - seq.query_len + rows.t0;
+        let end = first + rows.tokens;
+        debug_assert!(end <= seq.context_len);
+
+        for t in 0..rows.tokens {
+            let row = seq.query_start + rows.t0 + t;
+            let src = &self.q[(row * self.num_heads + rows.h0) * d..][..rows.heads * d];
+            let dst = &mut qs[t * rows.heads * d..][..rows.heads * d];
+            for (dst, x) in dst.iter_mut().zip(src) {
+                *dst = x * self.scale;
+            }
+        }
+        acc.fill(0.0);
+        let mut max = [f32::NEG_INFINITY; MAX_ROWS];
+        let mut sum = [0.0f32; MAX_ROWS];
+        let mut scores = [[0.0f32; TILE]; MAX_ROWS];
+        let mut bases = [0usize; TILE];
+
+        let mut t0 = 0;
+        while t0 < end {
+            let tlen = TILE.min(end - t0);
+            // Scores: each K row is loaded once for all rows of the task.
+            for (j, base) in bases[..tlen].iter_mut().enumerate() {
+                let p = t0 + j;
+                let page = seq.page_table[p / self.page_size] as usize;
+                let slot = page * self.page_size + p % self.page_size;
+                *base = slot * self.slot_len + kv_off;
+                let k = load(&self.k_cache[*base..*base + d], kbuf);
+                // Rows of tokens before `p - first` may not see position p.
+                let visible = p.saturating_sub(first) * rows.heads;
+                for (r, qrow) in qs.chunks_exact(d).enumerate() {
+                    scores[r][j] = if r >= visible { dot(qrow, k) } else { f32::NEG_INFINITY };
+                }
+            }
+            // Online softmax: rescale the running state to the new maximum,
+            // turn the tile's scores into weights.
+            for (r, accrow) in acc.chunks_exact_mut(d).enumerate() {
+                let tile = &mut scores[r][..tlen];
+                let tile_max = tile.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                if tile_max == f32::NEG_INFINITY {
+                    // Fully masked tile for this row: contributes nothing.
+                    tile.fill(0.0);
+                    continue;
+                }
+                if tile_max > max[r] {
+                    // exp(-inf) = 0 on the first tile, when `acc` is still zero.
+                    let corr = (max[r] - tile_max).exp();
+                    sum[r] *= corr;
+                    scale(accrow, corr);
+                    max[r] = tile_max;
+                }
+                let m = max[r];
+                for w in tile.iter_mut() {
+                    *w -= m;
+                }
+                exp_in_place(tile);
+                sum[r] += tile.iter().sum::<f32>();
+            }
+            // Values: each V row is loaded once for all rows of the task.
+            for (j, &base) in bases[..tlen].iter().enumerate() {
+                let v = load(&self.v_cache[base..base + d], vbuf);
+                let visible = (t0 + j).saturating_sub(first) * rows.heads;
+                for (r, accrow) in acc.chunks_exact_mut(d).enumerate().skip(visible) {
+                    let w = scores[r][j];
+                    if w != 0.0 {
+                        axpy(accrow, w, v);
+                    }
+                }
+            }
+            t0 += tlen;
+        }
+
+        for t in 0..rows.tokens {
+            let row = seq.query_start + rows.t0 + t;
+            // SAFETY: out[row, h0..h0 + heads, ..] belongs to this task only:
+            // rows of different sequences are disjoint (validated), token
+            // blocks of one sequence are disjoint, and head ranges of the
+            // tasks of one block are disjoint.
+            let dst = unsafe { self.out.slice((row * self.num_heads + rows.h0) * d, rows.heads * d) };
+            for (hh, dst) in dst.chunks_exact_mut(d).enumerate() {
+                let r = t * rows.heads + hh;
+                // Every row sees at least position 0, so `sum > 0` unless the
+                // inputs hold non-finite values (then so does the output).
+                let inv = 1.0 / sum[r];
+                for (o, a) in dst.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
+                    *o = a * inv;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 and the baseline builds of the inner loops give bitwise equal
+    /// outputs (the tests in `tests/` exercise whichever this CPU picks).
+    #[test]
+    fn avx2_and_baseline_paths_agree_bitwise() {
+        if !has_avx2() {
+            return;
+        }
+        let layout = PagedLayout { num_kv_heads: 2, head_dim: 72, page_size: 5, num_pages: 40 };
+        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
+        let k = wave(layout.layer_len(), 0.37);
+        let v = wave(layout.layer_len(), 0.11);
+        let num_heads = 6;
+        let rows = 1 + 21 + 1;
+        let q = wave(rows * num_heads * layout.head_dim, 0.73);
+        let table_a: Vec<u32> = (0..40).rev().collect();
+        let table_b: Vec<u32> = (0..40).map(|p| (p * 7) % 40).collect();
+        let seqs = [
+            SequenceAttention { query_start: 0, query_len: 1, context_len: 190, page_table: &table_a },
+            SequenceAttention { query_start: 1, query_len: 21, context_len: 64, page_table: &table_b },
+            SequenceAttention { query_start: 22, query_len: 1, context_len: 1, page_table: &table_b },
+        ];
+        let run = |avx2: bool| {
+            let mut out = vec![0.0f32; q.len()];
+            run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, avx2).unwrap();
+            out.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+        };
+        assert_eq!(run(false), run(true));
+    }
+}

@@ -1,0 +1,514 @@
+//! Paged attention and write_kv against a naive dense f64 reference.
+//!
+//! Tolerances (all absolute, on outputs whose magnitude is at most ~1 because
+//! V is uniform in [-1, 1)):
+//! - f32 storage vs the f64 reference: max |err| <= 1e-5 * max(1, max |ref|).
+//! - f16 / bf16 storage vs the f64 reference computed from the *same rounded*
+//!   K/V (read back from the cache): max |err| <= 1e-4.
+//! - one chunk vs random chunks of the same sequence: max |err| <= 1e-5.
+//! - different rayon thread counts: bitwise equal.
+
+use half::{bf16, f16};
+use proptest::prelude::*;
+use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
+
+/// SplitMix64: small deterministic generator for the fixed random tests.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// Uniform in lo..=hi.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    fn shuffle<X>(&mut self, xs: &mut [X]) {
+        for i in (1..xs.len()).rev() {
+            let j = self.range(0, i);
+            xs.swap(i, j);
+        }
+    }
+
+    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * amp).collect()
+    }
+}
+
+/// One sequence of a test batch, owning its page table.
+#[derive(Clone, Debug)]
+struct Seq {
+    query_start: usize,
+    query_len: usize,
+    context_len: usize,
+    page_table: Vec<u32>,
+}
+
+impl Seq {
+    fn view(&self) -> SequenceAttention<'_> {
+        SequenceAttention {
+            query_start: self.query_start,
+            query_len: self.query_len,
+            context_len: self.context_len,
+            page_table: &self.page_table,
+        }
+    }
+}
+
+/// A random batch over a random pool.
+struct Case<T> {
+    layout: PagedLayout,
+    num_heads: usize,
+    scale: f32,
+    q: Vec<f32>,
+    k: Vec<T>,
+    v: Vec<T>,
+    seqs: Vec<Seq>,
+}
+
+impl<T: KvElement> Case<T> {
+    /// `shapes`: (context_len, query_len) per sequence. Page tables take
+    /// shuffled page ids (plus spare pages nobody uses), query rows are laid
+    /// out in a shuffled sequence order, and every slot of the pool, used or
+    /// not, holds random K/V.
+    fn random(
+        rng: &mut Rng,
+        head_dim: usize,
+        (num_heads, num_kv_heads): (usize, usize),
+        page_size: usize,
+        shapes: &[(usize, usize)],
+    ) -> Self {
+        let needed: usize = shapes.iter().map(|&(c, _)| c.div_ceil(page_size)).sum();
+        let num_pages = needed + 3;
+        let layout = PagedLayout { num_kv_heads, head_dim, page_size, num_pages };
+        let mut pages: Vec<u32> = (0..num_pages as u32).collect();
+        rng.shuffle(&mut pages);
+        let mut next_page = 0;
+        let mut seqs: Vec<Seq> = shapes
+            .iter()
+            .map(|&(context_len, query_len)| {
+                let n = context_len.div_ceil(page_size);
+                let page_table = pages[next_page..next_page + n].to_vec();
+                next_page += n;
+                Seq { query_start: 0, query_len, context_len, page_table }
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        rng.shuffle(&mut order);
+        let mut row = 0;
+        for &i in &order {
+            seqs[i].query_start = row;
+            row += seqs[i].query_len;
+        }
+        let kv: Vec<T> = rng.vec(layout.layer_len(), 1.0).into_iter().map(T::from_f32).collect();
+        let v: Vec<T> = rng.vec(layout.layer_len(), 1.0).into_iter().map(T::from_f32).collect();
+        // Queries of amplitude 3 give peaked as well as flat softmaxes.
+        let q = rng.vec(row * num_heads * head_dim, 3.0);
+        Case { layout, num_heads, scale: 1.0 / (head_dim as f32).sqrt(), q, k: kv, v, seqs }
+    }
+
+    fn run(&self) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.q.len()];
+        let views: Vec<_> = self.seqs.iter().map(Seq::view).collect();
+        paged_attention(&self.layout, self.num_heads, self.scale, &self.q, &self.k, &self.v, &views, &mut out).unwrap();
+        out
+    }
+
+    /// Dense f64 reference: gathers each context into `[ctx, kv_heads, dim]`
+    /// and runs a full softmax per query token and head.
+    fn reference(&self) -> Vec<f64> {
+        let l = self.layout;
+        let (d, kvh, h) = (l.head_dim, l.num_kv_heads, self.num_heads);
+        let group = h / kvh;
+        let mut out = vec![f64::NAN; self.q.len()];
+        for s in &self.seqs {
+            let gather = |cache: &[T]| -> Vec<f64> {
+                let mut dense = Vec::with_capacity(s.context_len * kvh * d);
+                for p in 0..s.context_len {
+                    let slot = l.slot(s.page_table[p / l.page_size], p % l.page_size);
+                    let row = &cache[slot * l.slot_len()..(slot + 1) * l.slot_len()];
+                    dense.extend(row.iter().map(|x| x.to_f32() as f64));
+                }
+                dense
+            };
+            let (k, v) = (gather(&self.k), gather(&self.v));
+            for i in 0..s.query_len {
+                let pos = s.context_len - s.query_len + i;
+                let row = s.query_start + i;
+                for head in 0..h {
+                    let g = head / group;
+                    let q = &self.q[(row * h + head) * d..][..d];
+                    let scores: Vec<f64> = (0..=pos)
+                        .map(|p| {
+                            let kr = &k[(p * kvh + g) * d..][..d];
+                            q.iter().zip(kr).map(|(a, b)| *a as f64 * b).sum::<f64>() * self.scale as f64
+                        })
+                        .collect();
+                    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for e in 0..d {
+                        let acc: f64 = (0..=pos).map(|p| w[p] * v[(p * kvh + g) * d + e]).sum();
+                        out[(row * h + head) * d + e] = acc / z;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Max |a - b| over all elements; NaN anywhere counts as infinite error.
+fn max_err(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let e = (*x as f64 - y).abs();
+            if e.is_nan() { f64::INFINITY } else { e }
+        })
+        .fold(0.0, f64::max)
+}
+
+const HEAD_DIMS: [usize; 4] = [8, 64, 80, 128];
+const HEADS: [(usize, usize); 4] = [(4, 4), (8, 2), (14, 2), (16, 8)];
+const PAGE_SIZES: [usize; 3] = [1, 3, 16];
+
+/// A batch mixing decode rows, prefill chunks after a cached context, and a
+/// fresh prefill; context lengths from 1 to ~300.
+fn mixed_shapes(rng: &mut Rng) -> Vec<(usize, usize)> {
+    let mut shapes = vec![(1, 1)];
+    for _ in 0..2 {
+        shapes.push((rng.range(2, 300), 1));
+    }
+    let q = rng.range(2, 40);
+    shapes.push((q + rng.range(1, 260), q));
+    let q = rng.range(1, 40);
+    shapes.push((q, q));
+    shapes.push((rng.range(9, 17), rng.range(8, 9)));
+    shapes
+}
+
+/// Runs every geometry for one storage type, checking `max_err <= tol(ref)`.
+fn check_all_geometries<T: KvElement>(seed: u64, tol: impl Fn(f64) -> f64) {
+    let mut rng = Rng(seed);
+    let mut checked = 0;
+    for &d in &HEAD_DIMS {
+        for &heads in &HEADS {
+            for &ps in &PAGE_SIZES {
+                let shapes = mixed_shapes(&mut rng);
+                let case = Case::<T>::random(&mut rng, d, heads, ps, &shapes);
+                let got = case.run();
+                let want = case.reference();
+                let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                let err = max_err(&got, &want);
+                assert!(
+                    err <= tol(scale),
+                    "head_dim {d}, heads {heads:?}, page_size {ps}, shapes {shapes:?}: max err {err:e} (output scale {scale})"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, HEAD_DIMS.len() * HEADS.len() * PAGE_SIZES.len());
+}
+
+#[test]
+fn f32_matches_reference_on_all_geometries() {
+    // 1e-5 relative to the output scale (at least 1).
+    check_all_geometries::<f32>(1, |scale| 1e-5 * scale.max(1.0));
+}
+
+#[test]
+fn f16_matches_reference_from_rounded_kv() {
+    // The reference reads the same rounded K/V, so only f32 arithmetic differs.
+    check_all_geometries::<f16>(2, |_| 1e-4);
+}
+
+#[test]
+fn bf16_matches_reference_from_rounded_kv() {
+    check_all_geometries::<bf16>(3, |_| 1e-4);
+}
+
+#[test]
+fn odd_and_large_head_dims_match_reference() {
+    // 1 and 5: no full 8-lane chunk; 300: heap scratch (above the stack limit).
+    let mut rng = Rng(4);
+    for d in [1, 5, 300] {
+        for ps in [1, 5] {
+            let shapes = [(37, 1), (40, 19), (9, 9)];
+            let case = Case::<f32>::random(&mut rng, d, (6, 3), ps, &shapes);
+            let want = case.reference();
+            let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+            let err = max_err(&case.run(), &want);
+            assert!(err <= 1e-5 * scale, "head_dim {d}, page_size {ps}: {err:e}");
+        }
+    }
+}
+
+#[test]
+fn large_gqa_groups_match_reference() {
+    // Groups of 20 and 32 query heads per kv head: more than one task's 16
+    // rows, so a group is split across tasks (20 = 16 + 4).
+    let mut rng = Rng(8);
+    for heads in [(20, 1), (32, 1), (40, 2)] {
+        let shapes = [(23, 1), (30, 6), (4, 1)];
+        let case = Case::<f32>::random(&mut rng, 8, heads, 3, &shapes);
+        let want = case.reference();
+        let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        let err = max_err(&case.run(), &want);
+        assert!(err <= 1e-5 * scale, "heads {heads:?}: {err:e}");
+    }
+}
+
+#[test]
+fn huge_logits_stay_finite() {
+    // Scores up to 900 (exp overflows f32 past 88) that peak at random
+    // positions, so the running maximum must be raised and the state
+    // rescaled tile by tile. Scores are exact in f32 (multiples of 9.375), so
+    // the f32 tolerance applies.
+    let mut rng = Rng(9);
+    let mut case = Case::<f32>::random(&mut rng, 16, (4, 2), 3, &[(300, 1), (280, 24)]);
+    for (i, x) in case.k.iter_mut().enumerate() {
+        if i % 16 == 0 {
+            *x = (i / case.layout.slot_len() % 97) as f32 * 0.125;
+        }
+    }
+    for (i, x) in case.q.iter_mut().enumerate() {
+        *x = if i % 16 == 0 { 300.0 } else { 0.0 };
+    }
+    case.scale = 0.25;
+    let got = case.run();
+    assert!(got.iter().all(|x| x.is_finite()));
+    let want = case.reference();
+    let err = max_err(&got, &want);
+    assert!(err <= 1e-5, "max err {err:e}");
+}
+
+#[test]
+fn result_does_not_depend_on_thread_count() {
+    // Small batches get smaller tasks on bigger pools; every row's arithmetic
+    // is the same either way, so outputs are bitwise equal.
+    let mut rng = Rng(5);
+    let cases = [
+        Case::<f32>::random(&mut rng, 64, (8, 2), 3, &[(200, 1), (150, 37), (30, 30), (5, 1)]),
+        Case::<f32>::random(&mut rng, 16, (14, 2), 4, &[(90, 1)]),
+        Case::<f32>::random(&mut rng, 16, (32, 1), 1, &[(50, 3)]),
+    ];
+    let bits = |xs: Vec<f32>| xs.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    for case in &cases {
+        let runs: Vec<_> = [1, 3, 16]
+            .iter()
+            .map(|&n| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+                bits(pool.install(|| case.run()))
+            })
+            .collect();
+        assert_eq!(runs[0], runs[1]);
+        assert_eq!(runs[0], runs[2]);
+    }
+}
+
+#[test]
+fn rows_outside_every_sequence_are_untouched() {
+    let mut rng = Rng(6);
+    let mut case = Case::<f32>::random(&mut rng, 8, (4, 2), 2, &[(10, 3), (7, 2)]);
+    let row_len = 4 * 8;
+    // Insert two spare rows: one before everything, one between the sequences.
+    for s in &mut case.seqs {
+        s.query_start += if s.query_start == 0 { 1 } else { 2 };
+    }
+    let n_rows = 2 + 5;
+    case.q = rng.vec(n_rows * row_len, 3.0);
+    let mut out = vec![-7.0f32; n_rows * row_len];
+    let views: Vec<_> = case.seqs.iter().map(Seq::view).collect();
+    paged_attention(&case.layout, 4, case.scale, &case.q, &case.k, &case.v, &views, &mut out).unwrap();
+    let mut covered = vec![false; n_rows];
+    for s in &case.seqs {
+        covered[s.query_start..s.query_start + s.query_len].fill(true);
+    }
+    assert_eq!(covered.iter().filter(|c| !**c).count(), 2);
+    let want = case.reference();
+    for (row, &c) in covered.iter().enumerate() {
+        let got = &out[row * row_len..(row + 1) * row_len];
+        if c {
+            assert!(max_err(got, &want[row * row_len..(row + 1) * row_len]) <= 1e-5);
+        } else {
+            assert!(got.iter().all(|&x| x == -7.0), "row {row} was written");
+        }
+    }
+}
+
+/// Single sequence attention, one chunk vs random chunks with K/V written
+/// progressively.
+fn chunked_vs_whole<T: KvElement>(
+    head_dim: usize,
+    heads: (usize, usize),
+    page_size: usize,
+    len: usize,
+    cuts: &[usize],
+    seed: u64,
+) -> f64 {
+    let mut rng = Rng(seed);
+    let (num_heads, num_kv_heads) = heads;
+    let n_pages = len.div_ceil(page_size);
+    let layout = PagedLayout { num_kv_heads, head_dim, page_size, num_pages: n_pages + 2 };
+    let mut page_table: Vec<u32> = (0..layout.num_pages as u32).collect();
+    rng.shuffle(&mut page_table);
+    page_table.truncate(n_pages);
+    let slots: Vec<u32> = (0..len).map(|p| layout.slot(page_table[p / page_size], p % page_size) as u32).collect();
+    let slot_len = layout.slot_len();
+    let row_len = num_heads * head_dim;
+    let k_new = rng.vec(len * slot_len, 1.0);
+    let v_new = rng.vec(len * slot_len, 1.0);
+    let q = rng.vec(len * row_len, 3.0);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let fresh = || vec![T::from_f32(0.0); layout.layer_len()];
+
+    let (mut k, mut v) = (fresh(), fresh());
+    write_kv(&layout, &k_new, &v_new, &slots, &mut k, &mut v).unwrap();
+    let mut whole = vec![0.0f32; q.len()];
+    let seq = SequenceAttention { query_start: 0, query_len: len, context_len: len, page_table: &page_table };
+    paged_attention(&layout, num_heads, scale, &q, &k, &v, &[seq], &mut whole).unwrap();
+
+    let (mut k, mut v) = (fresh(), fresh());
+    let mut chunked = vec![0.0f32; q.len()];
+    let mut bounds: Vec<usize> = cuts.iter().map(|c| c % len).filter(|&c| c > 0).collect();
+    bounds.push(0);
+    bounds.push(len);
+    bounds.sort_unstable();
+    bounds.dedup();
+    for w in bounds.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        write_kv(
+            &layout,
+            &k_new[a * slot_len..b * slot_len],
+            &v_new[a * slot_len..b * slot_len],
+            &slots[a..b],
+            &mut k,
+            &mut v,
+        )
+        .unwrap();
+        let seq = SequenceAttention { query_start: 0, query_len: b - a, context_len: b, page_table: &page_table };
+        paged_attention(
+            &layout,
+            num_heads,
+            scale,
+            &q[a * row_len..b * row_len],
+            &k,
+            &v,
+            &[seq],
+            &mut chunked[a * row_len..b * row_len],
+        )
+        .unwrap();
+    }
+    max_err(&chunked, &whole.iter().map(|&x| x as f64).collect::<Vec<_>>())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// One chunk vs random chunks: max |err| <= 1e-5.
+    #[test]
+    fn chunking_does_not_change_outputs(
+        head_dim in prop::sample::select(vec![1usize, 8, 13, 64, 80]),
+        heads in prop::sample::select(HEADS.to_vec()),
+        page_size in 1usize..=17,
+        len in 1usize..=90,
+        cuts in prop::collection::vec(0usize..1000, 0..8),
+        bf in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let err = if bf {
+            chunked_vs_whole::<bf16>(head_dim, heads, page_size, len, &cuts, seed)
+        } else {
+            chunked_vs_whole::<f32>(head_dim, heads, page_size, len, &cuts, seed)
+        };
+        prop_assert!(err <= 1e-5, "max err {err:e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// Random geometry and batch (decode rows and prefill chunks) against the
+    /// f64 reference: max |err| <= 1e-5 * max(1, max |ref|).
+    #[test]
+    fn random_batches_match_reference(
+        head_dim in 1usize..=24,
+        num_kv_heads in 1usize..=3,
+        group in 1usize..=9,
+        page_size in 1usize..=9,
+        shapes in prop::collection::vec((0usize..60, 1usize..=20), 1..5),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        // (cached tokens, new tokens) -> (context_len, query_len)
+        let shapes: Vec<_> = shapes.iter().map(|&(c, q)| (c + q, q)).collect();
+        let case = Case::<f32>::random(&mut rng, head_dim, (num_kv_heads * group, num_kv_heads), page_size, &shapes);
+        let want = case.reference();
+        let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+        let err = max_err(&case.run(), &want);
+        prop_assert!(err <= 1e-5 * scale, "max err {err:e}");
+    }
+}
+
+/// Reads back a slot's K and V as f32.
+fn read_slot<T: KvElement>(layout: &PagedLayout, cache: &[T], slot: usize) -> Vec<f32> {
+    cache[slot * layout.slot_len()..(slot + 1) * layout.slot_len()].iter().map(|x| x.to_f32()).collect()
+}
+
+fn write_then_read_back<T: KvElement>() {
+    let mut rng = Rng(7);
+    let layout = PagedLayout { num_kv_heads: 3, head_dim: 10, page_size: 4, num_pages: 5 };
+    let sentinel = T::from_f32(42.0);
+    let mut k = vec![sentinel; layout.layer_len()];
+    let mut v = vec![sentinel; layout.layer_len()];
+    // Slot 6 twice: the later row wins.
+    let slots = [19u32, 0, 6, 13, 6];
+    let k_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
+    let v_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
+    write_kv(&layout, &k_new, &v_new, &slots, &mut k, &mut v).unwrap();
+    let round = |xs: &[f32]| xs.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+    for (row, &slot) in slots.iter().enumerate() {
+        if row == 2 {
+            continue;
+        }
+        let src = row * layout.slot_len()..(row + 1) * layout.slot_len();
+        assert_eq!(read_slot(&layout, &k, slot as usize), round(&k_new[src.clone()]));
+        assert_eq!(read_slot(&layout, &v, slot as usize), round(&v_new[src]));
+    }
+    for slot in 0..layout.num_pages * layout.page_size {
+        if !slots.contains(&(slot as u32)) {
+            assert!(read_slot(&layout, &k, slot).iter().all(|&x| x == 42.0));
+            assert!(read_slot(&layout, &v, slot).iter().all(|&x| x == 42.0));
+        }
+    }
+    assert_eq!(layout.slot(3, 1), 13);
+}
+
+#[test]
+fn write_kv_reads_back_f32() {
+    write_then_read_back::<f32>();
+}
+
+#[test]
+fn write_kv_reads_back_f16() {
+    write_then_read_back::<f16>();
+}
+
+#[test]
+fn write_kv_reads_back_bf16() {
+    write_then_read_back::<bf16>();
+}

@@ -1,0 +1,96 @@
+//! What one forward pass computes: the new tokens of several sequences, packed.
+
+use crate::error::{ModelError, Result};
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceChunk {
+    /// Index of its first new token in [`ForwardBatch::tokens`].
+    pub start: usize,
+    /// Number of new tokens (a prefill chunk, or 1 for a decode step).
+    pub len: usize,
+    /// Tokens in its context after this step, the new ones included; the new tokens take
+    /// positions `context_len - len .. context_len`.
+    pub context_len: usize,
+    /// Pages holding positions `0..context_len`, in order. The new tokens' K/V are written to
+    /// their slots here; earlier positions must already hold their K/V.
+    pub page_table: Vec<u32>,
+    /// Whether to return logits for its last token.
+    pub logits: bool,
+}
+
+/// The new tokens of several sequences, packed row after row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// Token ids of all new tokens.
+    pub tokens: Vec<u32>,
+    /// The sequences, in the order of their rows.
+    pub sequences: Vec<SequenceChunk>,
+}
+
+impl ForwardBatch {
+    /// Adds a sequence's new tokens.
+    pub fn push(&mut self, tokens: &[u32], context_len: usize, page_table: Vec<u32>, logits: bool) {
+        self.sequences.push(SequenceChunk {
+            start: self.tokens.len(),
+            len: tokens.len(),
+            context_len,
+            page_table,
+            logits,
+        });
+        self.tokens.extend_from_slice(tokens);
+    }
+
+    /// Positions of every new token, row by row.
+    pub fn positions(&self) -> impl Iterator<Item = usize> + '_ {
+        self.sequences.iter().flat_map(|s| s.context_len - s.len..s.context_len)
+    }
+
+    /// The KV slot (`page * page_size + offset`) of every new token, row by row.
+    pub fn slots(&self, page_size: usize) -> Vec<u32> {
+        self.sequences
+            .iter()
+            .flat_map(|s| {
+                (s.context_len - s.len..s.context_len)
+                    .map(move |p| s.page_table[p / page_size] * page_size as u32 + (p % page_size) as u32)
+            })
+            .collect()
+    }
+
+    /// Rows whose logits are wanted: each such sequence's last new token.
+    pub fn logit_rows(&self) -> Vec<u32> {
+        self.sequences.iter().filter(|s| s.logits).map(|s| (s.start + s.len - 1) as u32).collect()
+    }
+
+    /// Checks that rows tile the tokens, page tables cover contexts, and ids fit the vocabulary.
+    pub fn validate(&self, page_size: usize, num_pages: usize, vocab_size: usize) -> Result<()> {
+        let bad = |m: String| Err(ModelError::Batch(m));
+        let mut next = 0;
+        for (i, s) in self.sequences.iter().enumerate() {
+            if s.start != next || s.len == 0 {
+                return bad(format!("sequence {i} rows start at {} (expected {next}) with {} tokens", s.start, s.len));
+            }
+            next += s.len;
+            if s.context_len < s.len {
+                return bad(format!("sequence {i}: context {} shorter than its {} new tokens", s.context_len, s.len));
+            }
+            if s.page_table.len() * page_size < s.context_len {
+                return bad(format!(
+                    "sequence {i}: {} pages of {page_size} cannot hold {} tokens",
+                    s.page_table.len(),
+                    s.context_len
+                ));
+            }
+            if let Some(p) = s.page_table.iter().find(|&&p| p as usize >= num_pages) {
+                return bad(format!("sequence {i}: page {p} is outside the pool's {num_pages} pages"));
+            }
+        }
+        if next != self.tokens.len() {
+            return bad(format!("sequences cover {next} rows but the batch has {} tokens", self.tokens.len()));
+        }
+        if let Some(t) = self.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return bad(format!("token id {t} is outside the vocabulary of {vocab_size}"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The shape of a decoder model, read from a Hugging Face `config.json` or from GGUF metadata.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file;
+use serde::Deserialize;
+
+use crate::error::{ModelError, Result};
+
+/// The architectures we run; they share one decoder and differ in a few switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3.x, SmolLM2.
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on the q/k/v projections.
+    Qwen2,
+    /// Qwen3: RMSNorm on each head of q and k, explicit head_dim, no biases.
+    Qwen3,
+}
+
+impl Architecture {
+    /// Parses a GGUF `general.architecture` or HF `model_type`.
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "llama" | "LlamaForCausalLM" => Ok(Architecture::Llama),
+            "qwen2" | "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
+            "qwen3" | "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
+            other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
+        }
+    }
+
+    /// The name used in GGUF metadata keys.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// Llama 3's frequency-dependent RoPE scaling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    /// Overall factor.
+    pub factor: f64,
+    /// Wavelengths above `original / low_freq_factor` are scaled fully.
+    pub low_freq_factor: f64,
+    /// Wavelengths below `original / high_freq_factor` are kept.
+    pub high_freq_factor: f64,
+    /// The context length the model was trained at before scaling.
+    pub original_max_position_embeddings: f64,
+}
+
+/// Everything the decoder needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Which architecture.
+    pub arch: Architecture,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Number of decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (fewer than query heads with grouped-query attention).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Width of the MLP.
+    pub intermediate_size: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Llama 3 RoPE scaling, if any.
+    pub rope_llama3: Option<Llama3RopeScaling>,
+    /// Linear RoPE scaling factor (positions divided by it), 1.0 if none.
+    pub rope_linear_factor: f64,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// The output head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+}
+
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    architectures: Option<Vec<String>>,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    vocab_size: usize,
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<serde_json::Value>,
+    rope_scaling: Option<serde_json::Value>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+}
+
+impl ModelConfig {
+    /// Reads a Hugging Face `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let hf: HfConfig =
+            serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json does not parse: {e}")))?;
+        let arch_name = hf
+            .model_type
+            .clone()
+            .or_else(|| hf.architectures.as_ref().and_then(|a| a.first().cloned()))
+            .ok_or_else(|| ModelError::Config("config.json names no model_type or architectures".into()))?;
+        let arch = Architecture::from_name(&arch_name)?;
+        // transformers 5 moves rope settings into `rope_parameters`; older configs use
+        // `rope_theta` and `rope_scaling`.
+        let rope = hf.rope_parameters.as_ref().or(hf.rope_scaling.as_ref());
+        let rope_theta = hf
+            .rope_theta
+            .or_else(|| rope.and_then(|r| r.get("rope_theta")).and_then(|v| v.as_f64()))
+            .unwrap_or(10_000.0);
+        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(|v| v.as_str());
+        let number = |key: &str| rope.and_then(|r| r.get(key)).and_then(|v| v.as_f64());
+        let (rope_llama3, rope_linear_factor) = match rope_type {
+            None | Some("default") => (None, 1.0),
+            Some("llama3") => (
+                Some(Llama3RopeScaling {
+                    factor: number("factor").unwrap_or(8.0),
+                    low_freq_factor: number("low_freq_factor").unwrap_or(1.0),
+                    high_freq_factor: number("high_freq_factor").unwrap_or(4.0),
+                    original_max_position_embeddings: number("original_max_position_embeddings").unwrap_or(8192.0),
+                }),
+                1.0,
+            ),
+            Some("linear") => (None, number("factor").unwrap_or(1.0)),
+            Some(other) => return Err(ModelError::Config(format!("unsupported rope scaling type `{other}`"))),
+        };
+        let config = ModelConfig {
+            arch,
+            hidden_size: hf.hidden_size,
+            num_layers: hf.num_hidden_layers,
+            num_heads: hf.num_attention_heads,
+            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
+            intermediate_size: hf.intermediate_size,
+            vocab_size: hf.vocab_size,
+            rms_norm_eps: hf.rms_norm_eps,
+            rope_theta,
+            rope_llama3,
+            rope_linear_factor,
+            max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads GGUF metadata laid out by llama.cpp's converter. `vocab_size` and
+    /// `tie_word_embeddings` come from the tensors, which the caller passes in.
+    pub fn from_gguf(content: &gguf_file::Content) -> Result<Self> {
+        let md = &content.metadata;
+        let arch_name = get_str(md, "general.architecture")?;
+        let arch = Architecture::from_name(&arch_name)?;
+        let key = |k: &str| format!("{}.{k}", arch.gguf_name());
+        let usize_of = |k: &str| -> Result<usize> {
+            let full = key(k);
+            md.get(&full)
+                .ok_or_else(|| ModelError::Config(format!("GGUF metadata lacks `{full}`")))?
+                .to_u64()
+                .map(|v| v as usize)
+                .or_else(|_| md[&full].to_u32().map(|v| v as usize))
+                .map_err(|e| ModelError::Config(format!("GGUF `{full}` is not an integer: {e}")))
+        };
+        let f64_of = |k: &str| md.get(&key(k)).and_then(|v| v.to_f32().map(f64::from).ok());
+        let hidden_size = usize_of("embedding_length")?;
+        let num_heads = usize_of("attention.head_count")?;
+        let num_kv_heads = usize_of("attention.head_count_kv").unwrap_or(num_heads);
+        let head_dim = usize_of("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
+        let embedding = content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| ModelError::Config("GGUF has no token_embd.weight".into()))?;
+        let vocab_size = embedding.shape.dims().first().copied().unwrap_or(0);
+        let rope_linear_factor = match md.get(&key("rope.scaling.type")).and_then(|v| v.to_string().ok()) {
+            Some(t) if t == "linear" => f64_of("rope.scaling.factor").unwrap_or(1.0),
+            _ => 1.0,
+        };
+        let config = ModelConfig {
+            arch,
+            hidden_size,
+            num_layers: usize_of("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size: usize_of("feed_forward_length")?,
+            vocab_size,
+            rms_norm_eps: f64_of("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rope_theta: f64_of("rope.freq_base").unwrap_or(10_000.0),
+            // llama.cpp stores Llama 3 scaling as a `rope_freqs.weight` tensor of divisors,
+            // which the loader reads instead.
+            rope_llama3: None,
+            rope_linear_factor,
+            max_position_embeddings: usize_of("context_length").unwrap_or(4096),
+            tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(ModelError::Config(m));
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 || self.num_layers == 0 {
+            return bad(format!("heads, kv heads, head_dim and layers must be positive: {self:?}"));
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return bad(format!("{} query heads are not a multiple of {} kv heads", self.num_heads, self.num_kv_heads));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
+            return bad("vocab, hidden and intermediate sizes must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+fn get_str(md: &HashMap<String, gguf_file::Value>, key: &str) -> Result<String> {
+    md.get(key)
+        .and_then(|v| v.to_string().ok())
+        .cloned()
+        .ok_or_else(|| ModelError::Config(format!("GGUF metadata lacks string `{key}`")))
+}

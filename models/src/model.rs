@@ -1,0 +1,271 @@
+//! One config-driven decoder for Llama, Qwen2 and Qwen3, running a packed batch over the
+//! external paged KV pool.
+//!
+//! The architectures differ only in switches the weights and config carry: Qwen2 has q/k/v
+//! biases (loaded when present), Qwen3 normalises each head of q and k and may have a head_dim
+//! other than hidden/heads, and Llama GGUF files store q/k permuted for interleaved RoPE.
+
+use std::path::Path;
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Tensor};
+use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
+
+use crate::batch::ForwardBatch;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::kv_pool::{KvPool, LayerKv, TypedKv};
+use crate::rope::{Rope, RopeAngles, RopeLayout};
+use crate::weights::{Embedding, Linear, WeightStore, check_embedding_shape};
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Threads of the model's own pool (matmuls and attention run there).
+    pub threads: usize,
+    /// Dequantize quantized weights to f32 at load: exact matmuls (no 8-bit activations),
+    /// for checking a quantized file against a float reference; slower and larger.
+    pub dequantize_weights: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            dequantize_weights: false,
+        }
+    }
+}
+
+struct DecoderLayer {
+    attn_norm: Tensor,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    ffn_norm: Tensor,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded decoder model.
+pub struct Model {
+    config: ModelConfig,
+    embedding: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: Tensor,
+    lm_head: QMatMul,
+    rope: Rope,
+    threads: rayon::ThreadPool,
+    notes: Vec<String>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// What the attention of one forward pass shares across layers.
+struct StepContext<'a> {
+    angles: RopeAngles,
+    slots: Vec<u32>,
+    seqs: Vec<SequenceAttention<'a>>,
+    layout: PagedLayout,
+}
+
+impl Model {
+    /// Loads a `.gguf` file, or a directory with `config.json` and `*.safetensors` (or one of
+    /// those safetensors files).
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        if path.is_dir() {
+            Self::from_safetensors_dir(path, options)
+        } else if path.extension().is_some_and(|e| e == "safetensors") {
+            Self::from_safetensors_dir(path.parent().unwrap_or(Path::new(".")), options)
+        } else {
+            Self::from_gguf(path, options)
+        }
+    }
+
+    /// Loads a GGUF model laid out by llama.cpp's converter.
+    pub fn from_gguf(path: &Path, options: &LoadOptions) -> Result<Self> {
+        let store = WeightStore::open_gguf(path, options.dequantize_weights)?;
+        let config = ModelConfig::from_gguf(store.gguf_content().expect("a GGUF store"))?;
+        // llama.cpp's converter permutes Llama's q/k rows for interleaved rotation; Qwen keeps
+        // the Hugging Face layout.
+        let layout = if config.arch == Architecture::Llama { RopeLayout::Interleaved } else { RopeLayout::Neox };
+        Self::from_store(&store, config, layout, options)
+    }
+
+    /// Loads a Hugging Face model directory (`config.json` + safetensors).
+    pub fn from_safetensors_dir(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| ModelError::BadFile { path: config_path.clone(), message: format!("cannot read: {e}") })?;
+        let config = ModelConfig::from_hf_json(&text)?;
+        let store = WeightStore::open_safetensors(dir, config.arch)?;
+        Self::from_store(&store, config, RopeLayout::Neox, options)
+    }
+
+    fn from_store(store: &WeightStore, config: ModelConfig, layout: RopeLayout, options: &LoadOptions) -> Result<Self> {
+        let mut notes = Vec::new();
+        let (embedding, tied_head) = store.embedding(&mut notes)?;
+        check_embedding_shape(&config, &embedding)?;
+        let lm_head = match tied_head {
+            Some(head) => head,
+            None => store.linear("output", &mut notes)?.into_matmul(),
+        };
+        // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
+        // missing-tensor error, not an allocation failure.
+        let mut layers = Vec::new();
+        for i in 0..config.num_layers {
+            let name = |part: &str| format!("blk.{i}.{part}");
+            let qk_norm = config.arch == Architecture::Qwen3;
+            layers.push(DecoderLayer {
+                attn_norm: store.dense(&name("attn_norm.weight"))?,
+                q: store.linear(&name("attn_q"), &mut notes)?,
+                k: store.linear(&name("attn_k"), &mut notes)?,
+                v: store.linear(&name("attn_v"), &mut notes)?,
+                o: store.linear(&name("attn_output"), &mut notes)?,
+                q_norm: if qk_norm { Some(store.dense(&name("attn_q_norm.weight"))?) } else { None },
+                k_norm: if qk_norm { Some(store.dense(&name("attn_k_norm.weight"))?) } else { None },
+                ffn_norm: store.dense(&name("ffn_norm.weight"))?,
+                gate: store.linear(&name("ffn_gate"), &mut notes)?,
+                up: store.linear(&name("ffn_up"), &mut notes)?,
+                down: store.linear(&name("ffn_down"), &mut notes)?,
+            });
+        }
+        let divisors = if store.contains("rope_freqs.weight") {
+            Some(store.dense("rope_freqs.weight")?.to_vec1::<f32>()?)
+        } else {
+            None
+        };
+        let rope = Rope::new(&config, layout, divisors.as_deref());
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads.max(1))
+            .thread_name(|i| format!("radix-model-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
+        Ok(Model { config, embedding, layers, norm: store.dense("output_norm.weight")?, lm_head, rope, threads, notes })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Conversions made at load that are worth logging (e.g. Q4_1 weights converted to Q8_0).
+    pub fn load_notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Runs the batch's new tokens through the model, writing their K/V into `kv` and attending
+    /// over each sequence's paged context. Returns `[sequences wanting logits, vocab]` f32 logits,
+    /// in batch order.
+    pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Tensor> {
+        let layout = *kv.layout();
+        if kv.layers.len() != self.config.num_layers
+            || layout.num_kv_heads != self.config.num_kv_heads
+            || layout.head_dim != self.config.head_dim
+        {
+            return Err(ModelError::KvPool(format!(
+                "pool of {} layers x {} kv heads x {} dims does not fit this model ({} x {} x {})",
+                kv.layers.len(),
+                layout.num_kv_heads,
+                layout.head_dim,
+                self.config.num_layers,
+                self.config.num_kv_heads,
+                self.config.head_dim
+            )));
+        }
+        batch.validate(layout.page_size, layout.num_pages, self.config.vocab_size)?;
+        if batch.tokens.is_empty() {
+            return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &Device::Cpu)?);
+        }
+        let step = StepContext {
+            angles: self.rope.angles(batch.positions()),
+            slots: batch.slots(layout.page_size),
+            seqs: batch
+                .sequences
+                .iter()
+                .map(|s| SequenceAttention {
+                    query_start: s.start,
+                    query_len: s.len,
+                    context_len: s.context_len,
+                    page_table: &s.page_table,
+                })
+                .collect(),
+            layout,
+        };
+        self.threads.install(|| {
+            let ids = Tensor::from_slice(&batch.tokens, batch.tokens.len(), &Device::Cpu)?;
+            let mut x = self.embedding.forward(&ids)?;
+            for (layer, layer_kv) in self.layers.iter().zip(kv.layers.iter_mut()) {
+                x = self.layer_forward(layer, &x, &step, layer_kv)?;
+            }
+            let rows = batch.logit_rows();
+            if rows.is_empty() {
+                return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &Device::Cpu)?);
+            }
+            let rows = Tensor::from_slice(&rows, rows.len(), &Device::Cpu)?;
+            let last = x.index_select(&rows, 0)?;
+            let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)?;
+            Ok(self.lm_head.forward(&normed)?)
+        })
+    }
+
+    fn layer_forward(&self, layer: &DecoderLayer, x: &Tensor, step: &StepContext, kv: &mut LayerKv) -> Result<Tensor> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps as f32;
+        let n = x.dim(0)?;
+        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
+        let mut q = layer.q.forward(&h)?;
+        let mut k = layer.k.forward(&h)?;
+        let v = layer.v.forward(&h)?;
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            q = candle_nn::ops::rms_norm(&q.reshape((n, c.num_heads, c.head_dim))?, qn, eps)?;
+            k = candle_nn::ops::rms_norm(&k.reshape((n, c.num_kv_heads, c.head_dim))?, kn, eps)?;
+        }
+        let mut q = q.flatten_all()?.to_vec1::<f32>()?;
+        let mut k = k.flatten_all()?.to_vec1::<f32>()?;
+        let v = v.flatten_all()?.to_vec1::<f32>()?;
+        self.rope.apply(&step.angles, &mut q, c.num_heads);
+        self.rope.apply(&step.angles, &mut k, c.num_kv_heads);
+
+        let mut attn = vec![0.0f32; n * c.num_heads * c.head_dim];
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (q, k, v, out) = (&q[..], &k[..], &v[..], &mut attn[..]);
+        match kv.typed() {
+            TypedKv::F32(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            TypedKv::F16(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            TypedKv::BF16(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+        }
+        let attn = Tensor::from_vec(attn, (n, c.num_heads * c.head_dim), &Device::Cpu)?;
+        let x = (x + layer.o.forward(&attn)?)?;
+
+        let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+        let mlp = layer.down.forward(&(layer.gate.forward(&h)?.silu()? * layer.up.forward(&h)?)?)?;
+        Ok((x + mlp)?)
+    }
+}
+
+/// Writes the new tokens' K/V into their slots, then attends over each sequence's context.
+#[allow(clippy::too_many_arguments)]
+fn attend<T: KvElement>(
+    step: &StepContext,
+    num_heads: usize,
+    scale: f32,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    out: &mut [f32],
+) -> Result<()> {
+    write_kv(&step.layout, k, v, &step.slots, k_cache, v_cache)?;
+    paged_attention(&step.layout, num_heads, scale, q, k_cache, v_cache, &step.seqs, out)?;
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Rotary position embeddings at arbitrary per-token positions, applied in place.
+//!
+//! Tokens of a batch belong to different sequences at different positions, so the cos/sin rows
+//! are computed per token once per forward call and shared by every layer.
+
+use crate::config::ModelConfig;
+
+/// How a head's dimensions pair up for rotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Dimension `i` pairs with `i + head_dim/2` (Hugging Face's `rotate_half`; Qwen in GGUF).
+    Neox,
+    /// Dimension `2i` pairs with `2i + 1` (Llama in GGUF, whose converter permuted q and k).
+    Interleaved,
+}
+
+/// Inverse frequencies of a model's RoPE, scaling included.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    position_scale: f32,
+    layout: RopeLayout,
+}
+
+/// cos/sin of every token of a batch: `[tokens, head_dim/2]` each.
+#[derive(Debug, Clone, Default)]
+pub struct RopeAngles {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl Rope {
+    /// Builds the frequencies as transformers does (f32 `inv_freq`), with Llama 3 scaling from the
+    /// config or llama.cpp's per-frequency divisors (`rope_freqs.weight`) when given.
+    pub fn new(config: &ModelConfig, layout: RopeLayout, freq_divisors: Option<&[f32]>) -> Self {
+        let dim = config.head_dim;
+        let mut inv_freq: Vec<f32> =
+            (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
+        if let Some(s) = &config.rope_llama3 {
+            let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+            let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+            for f in inv_freq.iter_mut() {
+                let freq = *f as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                *f = if wavelen < high_wavelen {
+                    freq
+                } else if wavelen > low_wavelen {
+                    freq / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * freq / s.factor + smooth * freq
+                } as f32;
+            }
+        }
+        if let Some(divisors) = freq_divisors {
+            for (f, d) in inv_freq.iter_mut().zip(divisors) {
+                *f /= d;
+            }
+        }
+        Rope { inv_freq, position_scale: (1.0 / config.rope_linear_factor) as f32, layout }
+    }
+
+    /// cos/sin rows for the given positions.
+    pub fn angles(&self, positions: impl Iterator<Item = usize>) -> RopeAngles {
+        let half = self.inv_freq.len();
+        let mut angles = RopeAngles { cos: Vec::new(), sin: Vec::new(), half };
+        for p in positions {
+            let p = p as f32 * self.position_scale;
+            for f in &self.inv_freq {
+                // f32 product as transformers computes it, then cos/sin of that f32 angle.
+                let theta = p * f;
+                angles.cos.push(theta.cos());
+                angles.sin.push(theta.sin());
+            }
+        }
+        angles
+    }
+
+    /// Rotates `x` (`[tokens, heads, head_dim]`, row-major) in place.
+    pub fn apply(&self, angles: &RopeAngles, x: &mut [f32], heads: usize) {
+        let half = angles.half;
+        let head_dim = 2 * half;
+        debug_assert_eq!(x.len(), angles.cos.len() / half.max(1) * heads * head_dim);
+        for (t, token) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+            let cos = &angles.cos[t * half..(t + 1) * half];
+            let sin = &angles.sin[t * half..(t + 1) * half];
+            for head in token.chunks_exact_mut(head_dim) {
+                match self.layout {
+                    RopeLayout::Neox => {
+                        let (a, b) = head.split_at_mut(half);
+                        for i in 0..half {
+                            let (x0, x1) = (a[i], b[i]);
+                            a[i] = x0 * cos[i] - x1 * sin[i];
+                            b[i] = x1 * cos[i] + x0 * sin[i];
+                        }
+                    }
+                    RopeLayout::Interleaved => {
+                        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                            let (x0, x1) = (pair[0], pair[1]);
+                            pair[0] = x0 * cos[i] - x1 * sin[i];
+                            pair[1] = x1 * cos[i] + x0 * sin[i];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

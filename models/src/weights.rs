@@ -1,0 +1,286 @@
+//! Reading weights from GGUF (quantized, through candle's reader and `QMatMul`) or from
+//! safetensors with a `config.json`, under llama.cpp's tensor names.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::config::{Architecture, ModelConfig};
+use crate::error::{ModelError, Result};
+
+/// A linear layer: `x @ W^T (+ b)`, W dense or quantized.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// The weight alone (output heads have no bias).
+    pub fn into_matmul(self) -> QMatMul {
+        self.weight
+    }
+
+    /// Applies the layer to `[rows, in]`, giving `[rows, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// The token embedding: quantized rows are dequantized only for the tokens looked up.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// A dense `[vocab, hidden]` matrix.
+    Dense(Tensor),
+    /// A quantized `[vocab, hidden]` matrix.
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// Looks up token ids, giving `[ids, hidden]` f32.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Dense(w) => w.index_select(ids, 0)?,
+            Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
+        })
+    }
+}
+
+/// Where the weights are.
+pub(crate) enum WeightStore {
+    Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, dequantize: bool },
+    Safetensors { dir: PathBuf, tensors: MmapedSafetensors, arch: Architecture },
+}
+
+/// Quantization types whose CPU kernels in candle are scalar; converted to Q8_0 at load.
+const SLOW_CPU_TYPES: [GgmlDType; 3] = [GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1];
+
+impl WeightStore {
+    pub(crate) fn open_gguf(path: &Path, dequantize: bool) -> Result<Self> {
+        let bad = |m: String| ModelError::BadFile { path: path.to_owned(), message: m };
+        let mut file = File::open(path).map_err(|e| bad(format!("cannot open: {e}")))?;
+        // candle's reader panics on some corrupt headers (`general.alignment` = 0 divides by
+        // zero): report those as a bad file too.
+        let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gguf_file::Content::read(&mut file)))
+            .map_err(|p| {
+                let why =
+                    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+                bad(format!("not a readable GGUF file: the reader failed ({})", why.unwrap_or_default()))
+            })?
+            .map_err(|e| bad(format!("not a readable GGUF file: {e}")))?;
+        Ok(WeightStore::Gguf { path: path.to_owned(), content, file: Mutex::new(file), dequantize })
+    }
+
+    /// The GGUF header, for GGUF stores.
+    pub(crate) fn gguf_content(&self) -> Option<&gguf_file::Content> {
+        match self {
+            WeightStore::Gguf { content, .. } => Some(content),
+            WeightStore::Safetensors { .. } => None,
+        }
+    }
+
+    pub(crate) fn open_safetensors(dir: &Path, arch: Architecture) -> Result<Self> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("cannot list: {e}") })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::BadFile { path: dir.to_owned(), message: "no .safetensors files".into() });
+        }
+        // SAFETY: the files are mapped read-only; a model file changed underneath a running
+        // server is outside what we can guard against, as for every mmap-based loader.
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }
+            .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("bad safetensors: {e}") })?;
+        Ok(WeightStore::Safetensors { dir: dir.to_owned(), tensors, arch })
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            WeightStore::Gguf { path, .. } => path,
+            WeightStore::Safetensors { dir, .. } => dir,
+        }
+    }
+
+    /// The store's own name for a tensor given by its GGUF name.
+    fn name_of(&self, gguf_name: &str) -> String {
+        match self {
+            WeightStore::Gguf { .. } => gguf_name.to_owned(),
+            WeightStore::Safetensors { .. } => hf_name(gguf_name),
+        }
+    }
+
+    pub(crate) fn contains(&self, gguf_name: &str) -> bool {
+        match self {
+            WeightStore::Gguf { content, .. } => content.tensor_infos.contains_key(gguf_name),
+            WeightStore::Safetensors { tensors, .. } => tensors.get(&hf_name(gguf_name)).is_ok(),
+        }
+    }
+
+    fn missing(&self, gguf_name: &str) -> ModelError {
+        let arch = match self {
+            WeightStore::Gguf { content, .. } => content
+                .metadata
+                .get("general.architecture")
+                .and_then(|v| v.to_string().ok().cloned())
+                .unwrap_or_default(),
+            WeightStore::Safetensors { arch, .. } => arch.gguf_name().to_owned(),
+        };
+        ModelError::MissingTensor { path: self.path().to_owned(), name: self.name_of(gguf_name), arch }
+    }
+
+    fn qtensor(&self, gguf_name: &str) -> Result<QTensor> {
+        let WeightStore::Gguf { content, file, path, .. } = self else {
+            unreachable!("only GGUF stores hold QTensors")
+        };
+        let Some(info) = content.tensor_infos.get(gguf_name) else { return Err(self.missing(gguf_name)) };
+        let dims = info.shape.dims();
+        // candle's reader overflows on the first and reads an empty tensor through a misaligned
+        // pointer on the second.
+        let problem = match dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+            None => Some("whose element count overflows"),
+            Some(0) => Some("which holds no elements"),
+            Some(_) => None,
+        };
+        if let Some(problem) = problem {
+            return Err(ModelError::BadFile {
+                path: path.clone(),
+                message: format!("tensor `{gguf_name}` has shape {dims:?}, {problem}"),
+            });
+        }
+        let mut file = file.lock().expect("weight file lock is never poisoned: reads do not panic");
+        let q = content.tensor(&mut *file, gguf_name, &Device::Cpu).map_err(|e| ModelError::BadFile {
+            path: path.clone(),
+            message: format!("cannot read tensor `{gguf_name}`: {e}"),
+        })?;
+        if matches!(q.dtype(), GgmlDType::Q8_1 | GgmlDType::Q8K) {
+            return Err(ModelError::UnsupportedQuantization {
+                name: gguf_name.into(),
+                dtype: format!("{:?}", q.dtype()),
+            });
+        }
+        Ok(q)
+    }
+
+    /// A dense f32 tensor (norm weights, biases, small tables).
+    pub(crate) fn dense(&self, gguf_name: &str) -> Result<Tensor> {
+        match self {
+            WeightStore::Gguf { .. } => Ok(self.qtensor(gguf_name)?.dequantize(&Device::Cpu)?),
+            WeightStore::Safetensors { tensors, .. } => {
+                let t = tensors.load(&hf_name(gguf_name), &Device::Cpu).map_err(|_| self.missing(gguf_name))?;
+                Ok(t.to_dtype(DType::F32)?)
+            }
+        }
+    }
+
+    /// A matrix for `x @ W^T`, with its bias if the file has one. `notes` collects load-time
+    /// conversions worth logging.
+    pub(crate) fn linear(&self, gguf_prefix: &str, notes: &mut Vec<String>) -> Result<Linear> {
+        let weight_name = format!("{gguf_prefix}.weight");
+        let weight = match self {
+            WeightStore::Gguf { dequantize: true, .. } => QMatMul::Tensor(self.dense(&weight_name)?),
+            WeightStore::Gguf { .. } => QMatMul::from_qtensor(fast_cpu_type(self.qtensor(&weight_name)?, notes)?)?,
+            WeightStore::Safetensors { .. } => QMatMul::Tensor(self.dense(&weight_name)?),
+        };
+        let bias_name = format!("{gguf_prefix}.bias");
+        let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    pub(crate) fn embedding(&self, notes: &mut Vec<String>) -> Result<(Embedding, Option<QMatMul>)> {
+        match self {
+            WeightStore::Gguf { .. } => {
+                let q = self.qtensor("token_embd.weight")?;
+                let embedding = match q.dtype() {
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Embedding::Dense(q.dequantize(&Device::Cpu)?),
+                    _ => Embedding::Quantized(Arc::new(q)),
+                };
+                // A tied output head multiplies by the embedding matrix every step: give it a
+                // fast type too.
+                let tied_head = match self {
+                    _ if self.contains("output.weight") => None,
+                    WeightStore::Gguf { dequantize: true, .. } => {
+                        Some(QMatMul::Tensor(self.dense("token_embd.weight")?))
+                    }
+                    _ => Some(QMatMul::from_qtensor(fast_cpu_type(self.qtensor("token_embd.weight")?, notes)?)?),
+                };
+                Ok((embedding, tied_head))
+            }
+            WeightStore::Safetensors { .. } => {
+                let w = self.dense("token_embd.weight")?;
+                let tied_head = if self.contains("output.weight") { None } else { Some(QMatMul::Tensor(w.clone())) };
+                Ok((Embedding::Dense(w), tied_head))
+            }
+        }
+    }
+}
+
+/// Converts a quantized tensor whose candle CPU kernel is scalar into Q8_0, which has a fast one.
+fn fast_cpu_type(q: QTensor, notes: &mut Vec<String>) -> Result<QTensor> {
+    let inner = q.shape().dims().last().copied().unwrap_or(0);
+    if SLOW_CPU_TYPES.contains(&q.dtype()) && inner.is_multiple_of(32) {
+        let note = format!("converted {:?} weights to Q8_0 at load (faster CPU matmul)", q.dtype());
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+        let dense = q.dequantize(&Device::Cpu)?;
+        return Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?);
+    }
+    Ok(q)
+}
+
+/// The Hugging Face name of a tensor given by its llama.cpp (GGUF) name.
+pub(crate) fn hf_name(gguf_name: &str) -> String {
+    let (stem, suffix) = gguf_name.rsplit_once('.').unwrap_or((gguf_name, ""));
+    let mapped = match stem {
+        "token_embd" => "model.embed_tokens".to_owned(),
+        "output_norm" => "model.norm".to_owned(),
+        "output" => "lm_head".to_owned(),
+        _ => match stem.strip_prefix("blk.").and_then(|rest| rest.split_once('.')) {
+            Some((layer, part)) => {
+                let hf_part = match part {
+                    "attn_norm" => "input_layernorm",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "attn_q" => "self_attn.q_proj",
+                    "attn_k" => "self_attn.k_proj",
+                    "attn_v" => "self_attn.v_proj",
+                    "attn_output" => "self_attn.o_proj",
+                    "attn_q_norm" => "self_attn.q_norm",
+                    "attn_k_norm" => "self_attn.k_norm",
+                    "ffn_gate" => "mlp.gate_proj",
+                    "ffn_up" => "mlp.up_proj",
+                    "ffn_down" => "mlp.down_proj",
+                    other => other,
+                };
+                format!("model.layers.{layer}.{hf_part}")
+            }
+            None => stem.to_owned(),
+        },
+    };
+    if suffix.is_empty() { mapped } else { format!("{mapped}.{suffix}") }
+}
+
+/// Checks the shapes of the loaded config against the embedding, so that a wrong config fails
+/// at load with a message rather than deep inside a matmul.
+pub(crate) fn check_embedding_shape(config: &ModelConfig, embedding: &Embedding) -> Result<()> {
+    let dims = match embedding {
+        Embedding::Dense(t) => t.dims().to_vec(),
+        Embedding::Quantized(q) => q.shape().dims().to_vec(),
+    };
+    if dims != [config.vocab_size, config.hidden_size] {
+        return Err(ModelError::Config(format!(
+            "embedding is {dims:?} but the config says vocab {} x hidden {}",
+            config.vocab_size, config.hidden_size
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's CPU tools (llama-bench, llama-quantize, llama-server) from the llama.cpp
+# sources vendored in the pinned PyPI sdist of llama-cpp-python, for benchmarks to compare against.
+# Nothing here is committed: the sdist, a venv holding cmake, the build tree and the binaries are
+# cached in $RADIX_LLAMA_CACHE (default ~/.cache/radix-serve/llama.cpp).
+#
+#   scripts/build-llama-cpp.sh          build if needed; print the directory holding the binaries
+#
+# Idempotent: a finished build (bin/.stamp naming the sdist hash) is reused. Takes ~15-30 minutes
+# on 2 cores the first time; run it niced on a shared machine. JOBS (default: nproc) sets -j.
+set -euo pipefail
+
+version=0.3.36
+sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+root="${RADIX_LLAMA_CACHE:-$HOME/.cache/radix-serve/llama.cpp}"
+dir="$root/$version"
+bin="$dir/bin"
+tools=(llama-bench llama-quantize llama-server)
+
+die() { echo "build-llama-cpp.sh: $*" >&2; exit 1; }
+
+if [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$sha" ]; then
+  echo "$bin"; exit 0
+fi
+
+mkdir -p "$dir"
+# cmake (and scikit-build-core, which pip needs to read the sdist's metadata) come as wheels
+# into a venv of our own, so the machine needs only python3 and a C++ compiler.
+venv="$root/venv"
+if [ ! -x "$venv/bin/cmake" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --only-binary=:all: cmake scikit-build-core >&2 \
+    || die "pip install cmake failed"
+fi
+
+archive="$dir/llama_cpp_python-$version.tar.gz"
+if [ ! -f "$archive" ] || [ "$(sha256sum "$archive" | cut -d' ' -f1)" != "$sha" ]; then
+  tmp=$(mktemp -d "$dir/.fetch.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  # --no-build-isolation: otherwise pip would build the sdist's build requirements just to read
+  # its metadata; only llama-cpp-python itself is taken as source.
+  "$venv/bin/pip" download --quiet --no-deps --no-build-isolation \
+    --no-binary=llama-cpp-python -d "$tmp" "llama-cpp-python==$version" >&2 \
+    || die "pip download llama-cpp-python==$version failed"
+  got=$(sha256sum "$tmp/llama_cpp_python-$version.tar.gz" | cut -d' ' -f1)
+  [ "$got" = "$sha" ] || die "sha256 mismatch for llama-cpp-python==$version: expected $sha, got $got"
+  mv "$tmp/llama_cpp_python-$version.tar.gz" "$archive"
+fi
+
+src="$dir/src"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+  rm -rf "$src" "$dir/.unpack"
+  mkdir -p "$dir/.unpack"
+  tar xzf "$archive" -C "$dir/.unpack" "llama_cpp_python-$version/vendor/llama.cpp"
+  mv "$dir/.unpack/llama_cpp_python-$version/vendor/llama.cpp" "$src"
+  rm -rf "$dir/.unpack"
+fi
+
+build="$dir/build"
+"$venv/bin/cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
+# One tool at a time, the benchmark's first: llama-server is the slowest to compile.
+for t in "${tools[@]}"; do
+  "$venv/bin/cmake" --build "$build" --config Release -j "${JOBS:-$(nproc)}" --target "$t" >&2
+done
+
+mkdir -p "$bin"
+for t in "${tools[@]}"; do
+  [ -x "$build/bin/$t" ] || die "$t was not built"
+  cp "$build/bin/$t" "$bin/$t"
+done
+echo "$sha" >"$bin/.stamp"
+echo "$bin"

@@ -1,0 +1,19 @@
+//! The engine: the radix prefix cache, the KV page allocator, the scheduler and step loop, and
+//! the sampler, all owned by one engine thread (DESIGN.md §1-2).
+
+pub mod core;
+pub mod handle;
+pub mod pages;
+pub mod radix;
+pub mod request;
+pub mod sampler;
+mod sequence;
+pub mod stop;
+
+pub use core::{EngineConfig, EngineCore, EngineStats};
+pub use handle::EngineHandle;
+pub use pages::PageAllocator;
+pub use radix::{Inserted, NodeId, PrefixMatch, RadixCache};
+pub use request::{EngineEvent, FinishReason, GenerateRequest, Timings};
+pub use sampler::{Sampler, SamplingParams};
+pub use stop::{StopMatcher, StopOutput};

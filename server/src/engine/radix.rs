@@ -1,0 +1,333 @@
+//! The radix tree over token ids that maps every cached prefix to the KV pages holding it,
+//! shared by all requests (DESIGN.md §2).
+//!
+//! Matching works in whole pages: an edge always holds a multiple of `page_size` tokens, a
+//! child is found by its first page of tokens, and a prefix is only reused up to its last full
+//! page (so a match loses at most `page_size - 1` tokens). Nobody ever writes into a page the
+//! tree holds. A node's lock count is the number of running sequences whose matched path goes
+//! through it; locked nodes are never evicted.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+/// Index of a node in the tree's arena.
+pub type NodeId = usize;
+
+const ROOT: NodeId = 0;
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: NodeId,
+    tokens: Vec<u32>,
+    pages: Vec<u32>,
+    children: HashMap<Vec<u32>, NodeId>,
+    lock: u32,
+    last_use: u64,
+    alive: bool,
+}
+
+impl Node {
+    fn new(parent: NodeId, tokens: Vec<u32>, pages: Vec<u32>, last_use: u64) -> Self {
+        Node { parent, tokens, pages, children: HashMap::new(), lock: 0, last_use, alive: true }
+    }
+}
+
+/// The result of [`RadixCache::match_prefix`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// The node where the match ends (lock it to keep the prefix while it is used).
+    pub node: NodeId,
+    /// Matched tokens, a multiple of the page size.
+    pub tokens: usize,
+    /// The pages holding the matched tokens, in order.
+    pub pages: Vec<u32>,
+}
+
+/// The result of [`RadixCache::insert`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inserted {
+    /// The node holding the end of the inserted sequence.
+    pub node: NodeId,
+    /// Leading tokens that were already in the tree.
+    pub present_tokens: usize,
+    /// Pages the caller passed for the already-present part that the tree does not use (it
+    /// holds the same tokens in other pages): the caller frees them.
+    pub duplicate_pages: Vec<u32>,
+}
+
+/// A token-level radix tree whose nodes own KV pages.
+#[derive(Debug, Clone)]
+pub struct RadixCache {
+    nodes: Vec<Node>,
+    free_nodes: Vec<NodeId>,
+    page_size: usize,
+    clock: u64,
+    cached_pages: usize,
+}
+
+impl RadixCache {
+    /// An empty tree over pages of `page_size` tokens.
+    pub fn new(page_size: usize) -> Self {
+        assert!(page_size > 0, "page size must be positive");
+        RadixCache {
+            nodes: vec![Node::new(ROOT, Vec::new(), Vec::new(), 0)],
+            free_nodes: Vec::new(),
+            page_size,
+            clock: 0,
+            cached_pages: 0,
+        }
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages the tree holds.
+    pub fn cached_pages(&self) -> usize {
+        self.cached_pages
+    }
+
+    /// Finds the longest cached page-aligned prefix of `tokens`, splitting an edge where the
+    /// match ends inside it, and marks the path as just used.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
+        self.clock += 1;
+        let (node, matched, pages) = self.walk(tokens);
+        self.touch(node);
+        PrefixMatch { node, tokens: matched, pages }
+    }
+
+    /// Inserts `tokens` (cut to whole pages) whose K/V are in `pages`, and returns how much was
+    /// already present. `pages` must cover the whole pages of `tokens`.
+    pub fn insert(&mut self, tokens: &[u32], pages: &[u32]) -> Inserted {
+        let p = self.page_size;
+        let whole = tokens.len() / p;
+        assert!(pages.len() >= whole, "{} pages cannot hold {} tokens", pages.len(), whole * p);
+        let tokens = &tokens[..whole * p];
+        self.clock += 1;
+        let (node, matched, tree_pages) = self.walk(tokens);
+        let duplicate_pages =
+            pages[..matched / p].iter().zip(&tree_pages).filter(|(ours, tree)| ours != tree).map(|(o, _)| *o).collect();
+        let end = if matched < tokens.len() {
+            let leaf = self.alloc_node(Node::new(node, tokens[matched..].to_vec(), pages[matched / p..whole].to_vec(), self.clock));
+            self.cached_pages += whole - matched / p;
+            self.nodes[node].children.insert(tokens[matched..matched + p].to_vec(), leaf);
+            leaf
+        } else {
+            node
+        };
+        self.touch(end);
+        self.debug_check();
+        Inserted { node: end, present_tokens: matched, duplicate_pages }
+    }
+
+    /// Marks `node` and its ancestors as used by one more running sequence.
+    pub fn lock(&mut self, node: NodeId) {
+        let mut n = node;
+        while n != ROOT {
+            self.nodes[n].lock += 1;
+            n = self.nodes[n].parent;
+        }
+    }
+
+    /// Undoes one [`lock`](Self::lock) of `node`.
+    pub fn unlock(&mut self, node: NodeId) {
+        let mut n = node;
+        while n != ROOT {
+            debug_assert!(self.nodes[n].lock > 0, "unlock of node {n} that is not locked");
+            self.nodes[n].lock = self.nodes[n].lock.saturating_sub(1);
+            n = self.nodes[n].parent;
+        }
+    }
+
+    /// Pages that eviction could free now (held by unlocked nodes).
+    pub fn evictable_pages(&self) -> usize {
+        self.nodes.iter().skip(1).filter(|n| n.alive && n.lock == 0).map(|n| n.pages.len()).sum()
+    }
+
+    /// Evicts unlocked leaves, least recently used first, until at least `needed` pages are
+    /// freed or nothing unlocked is left; returns the freed pages.
+    pub fn evict(&mut self, needed: usize) -> Vec<u32> {
+        let mut heap: BinaryHeap<(Reverse<u64>, NodeId)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, n)| n.alive && n.children.is_empty() && n.lock == 0)
+            .map(|(id, n)| (Reverse(n.last_use), id))
+            .collect();
+        let mut freed = Vec::new();
+        while freed.len() < needed {
+            let Some((_, id)) = heap.pop() else { break };
+            let parent = self.nodes[id].parent;
+            let key = self.nodes[id].tokens[..self.page_size].to_vec();
+            self.nodes[parent].children.remove(&key);
+            let node = &mut self.nodes[id];
+            node.alive = false;
+            node.children.clear();
+            self.cached_pages -= node.pages.len();
+            freed.append(&mut node.pages);
+            node.tokens.clear();
+            self.free_nodes.push(id);
+            let parent_node = &self.nodes[parent];
+            if parent != ROOT && parent_node.children.is_empty() && parent_node.lock == 0 {
+                heap.push((Reverse(parent_node.last_use), parent));
+            }
+        }
+        self.debug_check();
+        freed
+    }
+
+    /// Every page the tree holds.
+    pub fn pages(&self) -> Vec<u32> {
+        self.nodes.iter().filter(|n| n.alive).flat_map(|n| n.pages.iter().copied()).collect()
+    }
+
+    /// Every cached sequence that ends at a leaf, as tokens (for tests and debugging).
+    pub fn leaf_sequences(&self) -> Vec<Vec<u32>> {
+        let mut out = Vec::new();
+        for (id, node) in self.nodes.iter().enumerate().skip(1) {
+            if node.alive && node.children.is_empty() {
+                out.push(self.path_tokens(id));
+            }
+        }
+        out
+    }
+
+    /// Whether any node is locked.
+    pub fn any_locked(&self) -> bool {
+        self.nodes.iter().any(|n| n.alive && n.lock > 0)
+    }
+
+    fn path_tokens(&self, mut id: NodeId) -> Vec<u32> {
+        let mut parts = Vec::new();
+        while id != ROOT {
+            parts.push(&self.nodes[id].tokens);
+            id = self.nodes[id].parent;
+        }
+        parts.into_iter().rev().flatten().copied().collect()
+    }
+
+    /// Walks as deep as `tokens` matches in whole pages, splitting the last edge if the match
+    /// ends inside it. Returns the end node, matched tokens and their pages.
+    fn walk(&mut self, tokens: &[u32]) -> (NodeId, usize, Vec<u32>) {
+        let p = self.page_size;
+        let mut node = ROOT;
+        let mut matched = 0;
+        let mut pages = Vec::new();
+        while tokens.len() - matched >= p {
+            let Some(&child) = self.nodes[node].children.get(&tokens[matched..matched + p]) else { break };
+            let edge = &self.nodes[child].tokens;
+            let mut k = 1;
+            while (k + 1) * p <= edge.len()
+                && matched + (k + 1) * p <= tokens.len()
+                && edge[k * p..(k + 1) * p] == tokens[matched + k * p..matched + (k + 1) * p]
+            {
+                k += 1;
+            }
+            let edge_len = edge.len();
+            if k * p < edge_len {
+                let upper = self.split(child, k * p);
+                pages.extend_from_slice(&self.nodes[upper].pages);
+                matched += k * p;
+                node = upper;
+                break;
+            }
+            pages.extend_from_slice(&self.nodes[child].pages);
+            matched += edge_len;
+            node = child;
+        }
+        (node, matched, pages)
+    }
+
+    /// Splits `child`'s edge after `at` tokens; returns the new upper node.
+    fn split(&mut self, child: NodeId, at: usize) -> NodeId {
+        let p = self.page_size;
+        debug_assert!(at > 0 && at % p == 0 && at < self.nodes[child].tokens.len());
+        let parent = self.nodes[child].parent;
+        let upper_tokens = self.nodes[child].tokens[..at].to_vec();
+        let upper_pages = self.nodes[child].pages[..at / p].to_vec();
+        let mut upper = Node::new(parent, upper_tokens, upper_pages, self.nodes[child].last_use);
+        upper.lock = self.nodes[child].lock;
+        let lower_key = self.nodes[child].tokens[at..at + p].to_vec();
+        let upper_key = self.nodes[child].tokens[..p].to_vec();
+        let upper_id = self.alloc_node(upper);
+        self.nodes[upper_id].children.insert(lower_key, child);
+        let lower = &mut self.nodes[child];
+        lower.tokens.drain(..at);
+        lower.pages.drain(..at / p);
+        lower.parent = upper_id;
+        self.nodes[parent].children.insert(upper_key, upper_id);
+        upper_id
+    }
+
+    fn alloc_node(&mut self, node: Node) -> NodeId {
+        match self.free_nodes.pop() {
+            Some(id) => {
+                self.nodes[id] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    fn touch(&mut self, mut node: NodeId) {
+        while node != ROOT {
+            self.nodes[node].last_use = self.clock;
+            node = self.nodes[node].parent;
+        }
+    }
+
+    fn debug_check(&self) {
+        if cfg!(debug_assertions) {
+            if let Err(problem) = self.check_invariants() {
+                panic!("radix cache invariant broken: {problem}");
+            }
+        }
+    }
+
+    /// Checks the tree's structure: edges are non-empty whole pages with one page id per page,
+    /// children are keyed by their first page, no page is held twice, and a node's lock count
+    /// covers its children's.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let p = self.page_size;
+        let mut seen = HashSet::new();
+        let mut total = 0;
+        for (id, node) in self.nodes.iter().enumerate() {
+            if !node.alive {
+                continue;
+            }
+            if id != ROOT {
+                if node.tokens.is_empty() || node.tokens.len() % p != 0 || node.pages.len() * p != node.tokens.len() {
+                    return Err(format!("node {id}: {} tokens with {} pages", node.tokens.len(), node.pages.len()));
+                }
+                let parent = &self.nodes[node.parent];
+                if !parent.alive || parent.children.get(&node.tokens[..p]) != Some(&id) {
+                    return Err(format!("node {id} is not its parent's child under its first page"));
+                }
+            }
+            let child_locks: u32 = node.children.values().map(|&c| self.nodes[c].lock).sum();
+            if id != ROOT && node.lock < child_locks {
+                return Err(format!("node {id} lock {} below its children's {child_locks}", node.lock));
+            }
+            for (key, &c) in &node.children {
+                if !self.nodes[c].alive || self.nodes[c].parent != id || &self.nodes[c].tokens[..p] != key.as_slice() {
+                    return Err(format!("node {id} child {c} is dead, reparented or keyed wrongly"));
+                }
+            }
+            for &page in &node.pages {
+                if !seen.insert(page) {
+                    return Err(format!("page {page} is held twice"));
+                }
+            }
+            total += node.pages.len();
+        }
+        if total != self.cached_pages {
+            return Err(format!("{total} pages in nodes but {} counted", self.cached_pages));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, and a
+//! seedable random draw (same seed, same output). Temperature 0 is greedy.
+
+use std::collections::HashMap;
+
+/// Sampling settings of one request (OpenAI and llama.cpp names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 picks the most likely token.
+    pub temperature: f32,
+    /// Keep the smallest set of tokens whose probability reaches this (1 = off).
+    pub top_p: f32,
+    /// Keep this many most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = off).
+    pub min_p: f32,
+    /// Subtracted from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted once per time a token was generated.
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens in the prompt or output (1 = off).
+    pub repetition_penalty: f32,
+    /// Seed of the random draw; `None` draws one.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks ranges; the message names the field, for an HTTP 400.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+            ("repetition_penalty", self.repetition_penalty),
+        ];
+        if let Some((name, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(format!("'{name}' must be a finite number"));
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err(format!("'temperature' must be between 0 and 2, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("'top_p' must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("'min_p' must be in [0, 1], got {}", self.min_p));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err("'presence_penalty' and 'frequency_penalty' must be between -2 and 2".into());
+        }
+        if self.repetition_penalty <= 0.0 {
+            return Err(format!("'repetition_penalty' must be positive, got {}", self.repetition_penalty));
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64: small, fast, and reproducible across platforms, which is all a seeded draw needs.
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The sampler of one sequence: it remembers what was generated, for the penalties.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: SplitMix64,
+    generated: HashMap<u32, u32>,
+    seen: std::collections::HashSet<u32>,
+    scratch: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler for a sequence whose prompt is `prompt` (the repetition penalty covers it).
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            h.finish()
+        });
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
+        Sampler { params, rng: SplitMix64(seed), generated: HashMap::new(), seen, scratch: Vec::new() }
+    }
+
+    /// Records a generated token (whoever picked it).
+    pub fn accept(&mut self, token: u32) {
+        *self.generated.entry(token).or_insert(0) += 1;
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        if self.params.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let p = &self.params;
+        let candidates = &mut self.scratch;
+        candidates.clear();
+        candidates.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        if p.top_k > 0 {
+            candidates.truncate(p.top_k);
+        }
+        // Softmax over what is left, in f64 for stable sums.
+        let max = candidates[0].1 as f64;
+        let mut probs: Vec<f64> = candidates.iter().map(|c| (c.1 as f64 - max).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            keep = probs.iter().position(|x| {
+                acc += x;
+                acc >= p.top_p as f64
+            }).map_or(keep, |i| i + 1);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut draw = self.rng.next_f64() * total;
+        for (i, x) in probs[..keep].iter().enumerate() {
+            draw -= x;
+            if draw < 0.0 {
+                return candidates[i].0;
+            }
+        }
+        candidates[keep - 1].0
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &count) in &self.generated {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+}
+
+/// Index of the largest logit (the first one on ties, as transformers' argmax).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams { temperature, seed: Some(7), ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let mut s = Sampler::new(params(0.0), &[]);
+        assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_draws_and_different_seeds_differ() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..params(1.0) }, &[]);
+            (0..40).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
+
+    #[test]
+    fn top_k_top_p_and_min_p_restrict_the_draw() {
+        let logits = [5.0f32, 4.0, 1.0, 0.0, -3.0];
+        let mut s = Sampler::new(SamplingParams { top_k: 2, ..params(1.0) }, &[]);
+        assert!((0..200).all(|_| s.sample(&mut logits.clone()) < 2));
+        let mut s = Sampler::new(SamplingParams { top_p: 0.5, ..params(1.0) }, &[]);
+        assert!((0..200).all(|_| s.sample(&mut logits.clone()) == 0));
+        let mut s = Sampler::new(SamplingParams { min_p: 0.3, ..params(1.0) }, &[]);
+        assert!((0..200).all(|_| s.sample(&mut logits.clone()) < 2));
+    }
+
+    #[test]
+    fn penalties_follow_openai_and_llama_cpp_semantics() {
+        let mut s = Sampler::new(
+            SamplingParams { presence_penalty: 1.0, frequency_penalty: 0.5, repetition_penalty: 2.0, ..params(0.0) },
+            &[0],
+        );
+        s.accept(1);
+        s.accept(1);
+        let mut logits = [4.0f32, 4.0, -1.0];
+        s.sample(&mut logits);
+        // token 0: in prompt, 4/2; token 1: generated twice, 4/2 - 1 - 0.5*2.
+        assert_eq!(logits, [2.0, 0.0, -1.0]);
+    }
+
+    #[test]
+    fn out_of_range_settings_are_named() {
+        assert!(SamplingParams { temperature: 3.0, ..Default::default() }.validate().unwrap_err().contains("temperature"));
+        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err().contains("top_p"));
+        assert!(SamplingParams { min_p: f32::NAN, ..Default::default() }.validate().unwrap_err().contains("min_p"));
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}

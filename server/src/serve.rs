@@ -1,0 +1,164 @@
+//! `radix-serve` (no subcommand): load a model and serve the HTTP API.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use radix_models::tokenizer::Tokenizer;
+use radix_models::{HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, resolve_model};
+use radix_serve::api::{ApiState, router};
+use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
+use radix_templates::parse::OutputFormat;
+use radix_templates::prepare::PreparedTemplate;
+use radix_templates::{ChatTemplate, TemplateSource};
+
+/// Options of the server; names follow llama-server's where they mean the same.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Model: a .gguf file, a model directory, or a hub id (`owner/name`, `owner/name:file.gguf`).
+    /// Default: SmolLM2-135M-Instruct, fetched by scripts/assets.sh.
+    #[arg(short = 'm', long)]
+    model: Option<String>,
+    /// Hub revision (branch, tag or commit) for a hub id.
+    #[arg(long)]
+    revision: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Context length per sequence (default: the model's trained context).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Most sequences decoding at once.
+    #[arg(long = "parallel", default_value_t = 4)]
+    parallel: usize,
+    /// KV cache budget in MiB.
+    #[arg(long = "kv-cache", default_value_t = 256)]
+    kv_cache_mib: usize,
+    /// Tokens per KV page (1 matches prefixes exactly).
+    #[arg(long, default_value_t = 1)]
+    page_size: usize,
+    /// Most tokens in one forward pass.
+    #[arg(long, default_value_t = 512)]
+    batch_tokens: usize,
+    /// Model threads (default: all cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Use this chat template instead of the model's.
+    #[arg(long)]
+    chat_template_file: Option<PathBuf>,
+    /// Never reuse cached prefixes (every request prefills from scratch).
+    #[arg(long)]
+    no_prefix_cache: bool,
+}
+
+/// llama-server spells some flags with two letters after one dash; clap takes one.
+pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-np" => "--parallel".to_owned(),
+        _ => a,
+    })
+    .collect()
+}
+
+fn default_model() -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/assets.sh");
+    if !script.is_file() {
+        bail!("no model given: pass -m <model.gguf | model dir | hub id>");
+    }
+    eprintln!("radix-serve: no -m given; fetching the default model SmolLM2-135M-Instruct through scripts/assets.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .args(["path", "smollm2"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot run scripts/assets.sh")?;
+    if !out.status.success() {
+        bail!("scripts/assets.sh could not fetch the default model; pass -m <model>");
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// Loads everything, then serves until interrupted.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let spec = match &args.model {
+        Some(m) => m.clone(),
+        None => default_model()?.display().to_string(),
+    };
+    let hub = HubOptions { revision: args.revision.clone(), ..HubOptions::from_env() };
+    let files = resolve_model(&spec, &hub)?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    eprintln!("radix-serve: loading {} ...", files.path().display());
+    let model = Model::load(files.path(), &LoadOptions { threads, dequantize_weights: false })
+        .with_context(|| format!("cannot load {}", files.path().display()))?;
+    for note in model.load_notes() {
+        eprintln!("radix-serve: {note}");
+    }
+    let (tokenizer, source) = match &files {
+        ModelFiles::Gguf(path) => (Tokenizer::from_gguf_file(path)?, TemplateSource::from_gguf(path)?),
+        ModelFiles::Directory(dir) => (Tokenizer::from_model_dir(dir)?, TemplateSource::from_model_dir(dir)?),
+    };
+    let source = match &args.chat_template_file {
+        Some(file) => TemplateSource { special_tokens: source.special_tokens, ..TemplateSource::from_jinja_file(file)? },
+        None => source,
+    };
+    let template_text = source.templates.values().cloned().collect::<Vec<_>>().join("\n");
+    let template = PreparedTemplate::new(ChatTemplate::new(source)?);
+    let output_format = if template_text.contains("<tool_call>") {
+        OutputFormat::Hermes
+    } else if template_text.contains("<|python_tag|>") {
+        OutputFormat::Llama3Json
+    } else {
+        OutputFormat::Plain
+    };
+    let mut stop_tokens: Vec<u32> = tokenizer.eos_token_ids().iter().copied().collect();
+    for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|endoftext|>"] {
+        if let Some(id) = tokenizer.token_to_id(end_of_turn)
+            && !stop_tokens.contains(&id)
+        {
+            stop_tokens.push(id);
+        }
+    }
+    let context_length = args.ctx_size.unwrap_or(model.config().max_position_embeddings);
+    let pool = KvPool::with_budget(model.config(), args.page_size, args.kv_cache_mib << 20, KvDType::F16)?;
+    let capacity = pool.num_pages() * pool.page_size();
+    let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
+    let config = EngineConfig {
+        max_running: args.parallel.max(1),
+        batch_tokens: args.batch_tokens.max(1),
+        prefix_cache: !args.no_prefix_cache,
+        max_context: context_length,
+    };
+    let engine = EngineHandle::start(EngineCore::new(model, pool, config));
+    let state = Arc::new(ApiState {
+        engine,
+        tokenizer: Arc::new(tokenizer),
+        template,
+        output_format,
+        stop_tokens,
+        model_name: model_name.clone(),
+        context_length,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+            .parse()
+            .with_context(|| format!("`{}:{}` is not an address to listen on", args.host, args.port))?;
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "radix-serve: model {model_name}, device cpu, {threads} threads, KV capacity {capacity} tokens, \
+             context {context_length}; listening on http://{local}"
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .context("the HTTP server failed")
+    })
+}

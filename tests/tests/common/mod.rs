@@ -1,0 +1,135 @@
+//! Starting the real `radix-serve` binary on a free loopback port and talking HTTP to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value as Json, json};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// The binary that `cargo build -p radix-serve` made next to the test executable.
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join(format!("radix-serve{}", std::env::consts::EXE_SUFFIX));
+    assert!(bin.is_file(), "{} is missing: run `cargo build -p radix-serve` first (scripts/test.sh does)", bin.display());
+    bin
+}
+
+pub fn asset(name: &str) -> PathBuf {
+    let out = Command::new("bash").arg(workspace_root().join("scripts/assets.sh")).args(["path", name]).output().unwrap();
+    assert!(out.status.success(), "assets.sh path {name}: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// A running server, killed when dropped.
+pub struct Server {
+    child: Child,
+    pub base: String,
+}
+
+impl Server {
+    /// Starts the server on SmolLM2 with extra flags; waits until it listens.
+    pub fn start(extra: &[&str]) -> Server {
+        let model = asset("smollm2");
+        let mut child = Command::new(binary())
+            .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("radix-serve starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[server] {line}");
+                if let Some(url) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(url.trim().to_owned());
+                }
+            }
+        });
+        let base = rx.recv_timeout(Duration::from_secs(180)).expect("the server reports its address within 3 minutes");
+        Server { child, base }
+    }
+
+    pub fn post(&self, path: &str, body: &Json) -> (u16, Json) {
+        match ureq::post(&format!("{}{path}", self.base)).timeout(Duration::from_secs(600)).send_json(body) {
+            Ok(r) => (r.status(), r.into_json().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Json::Null)),
+            Err(e) => panic!("POST {path}: {e}"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Json {
+        ureq::get(&format!("{}{path}", self.base)).call().unwrap().into_json().unwrap()
+    }
+
+    /// Streams a chat request and returns every `data:` payload in order.
+    pub fn stream(&self, body: &Json) -> Vec<String> {
+        let response = ureq::post(&format!("{}/v1/chat/completions", self.base))
+            .timeout(Duration::from_secs(600))
+            .send_json(body)
+            .expect("streaming request accepted");
+        assert_eq!(response.header("content-type"), Some("text/event-stream"));
+        BufReader::new(response.into_reader())
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_owned))
+            .collect()
+    }
+
+    /// Polls `/health` until the engine is idle with every page free or cached.
+    pub fn wait_idle(&self) -> Json {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let engine = self.get("/health")["engine"].clone();
+            let idle = engine["running"] == 0 && engine["waiting"] == 0;
+            let pages = engine["pages_free"].as_u64().unwrap() + engine["pages_cached"].as_u64().unwrap();
+            if idle && pages == engine["pages_total"].as_u64().unwrap() {
+                return engine;
+            }
+            assert!(Instant::now() < deadline, "engine never went idle without leaks: {engine}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A greedy chat request.
+pub fn chat(messages: Json, max_tokens: usize) -> Json {
+    json!({"model": "smollm2", "messages": messages, "temperature": 0, "max_tokens": max_tokens})
+}
+
+/// Deterministic filler prose of our own, about `words` words.
+pub fn filler(seed: u64, words: usize) -> String {
+    const VOCAB: [&str; 24] = [
+        "the", "agent", "reads", "files", "before", "editing", "tests", "must", "pass", "after", "every",
+        "change", "keep", "diffs", "small", "and", "explain", "why", "cache", "prefix", "tokens", "server",
+        "local", "model",
+    ];
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut out = String::new();
+    for i in 0..words {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51afd7ed558ccd);
+        x ^= x >> 29;
+        out.push_str(VOCAB[(x % VOCAB.len() as u64) as usize]);
+        out.push(if i % 12 == 11 { '.' } else { ' ' });
+        if i % 60 == 59 {
+            out.push('\n');
+        }
+    }
+    out
+}
