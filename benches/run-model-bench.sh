@@ -10,8 +10,12 @@
 #   ROUNDS=1       run ours and llama.cpp alternately this many times; the best round counts
 #                  (on a shared machine the best round is the one least disturbed)
 #   MODELS="smollm2 qwen3"   which models
+#   BENCH=1        the comparison (0: skip it, e.g. to profile alone)
 #   PROFILE=1      perf profile of our pp512 and tg32@d512 on the Qwen3-shaped model (0: skip)
 #   OUT=target/model-bench   where the raw JSON, logs and the table go
+#   CANDLE_NUM_THREADS   threads of candle's quantized-matmul pool (default: THREADS); 1 runs
+#                  matmuls on the calling thread alone (see benches/README.md: on a busy machine
+#                  candle's spinning pool collapses decode)
 #   PYTHON=~/.cache/radix-serve/refenv/bin/python   python with torch/transformers/gguf (see
 #                  scripts/gen_model_refs.py), only to generate the Qwen3-shaped GGUF once
 #
@@ -26,6 +30,7 @@ REPS="${REPS:-3}"
 ROUNDS="${ROUNDS:-1}"
 MODELS="${MODELS:-smollm2 qwen3}"
 PROFILE="${PROFILE:-1}"
+BENCH="${BENCH:-1}"
 OUT="${OUT:-target/model-bench}"
 PYTHON="${PYTHON:-$HOME/.cache/radix-serve/refenv/bin/python}"
 mkdir -p "$OUT"
@@ -58,6 +63,7 @@ model_path() {
 }
 
 for m in $MODELS; do
+  [ "$BENCH" = 1 ] || break
   f=$(model_path "$m")
   for r in $(seq 1 "$ROUNDS"); do
     log "$m round $r: ours"
@@ -72,10 +78,13 @@ for m in $MODELS; do
   done
 done
 
-python3 - "$OUT" "$ROUNDS" $MODELS >"$OUT/table.md" <<'EOF'
+[ "$BENCH" = 1 ] && python3 - "$OUT" "$ROUNDS" $MODELS >"$OUT/table.md" <<'EOF'
 import json, sys, os
 out, rounds, models = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 names = {"smollm2": "SmolLM2-135M Q4_1", "qwen3": "Qwen3-0.6B-shaped Q4_K_M"}
+o0 = json.load(open(f"{out}/ours-{models[0]}-1.json"))
+print(f"ours: {o0['threads']} model threads, CANDLE_NUM_THREADS={o0.get('candle_num_threads')}; "
+      f"llama.cpp: -t {o0['threads']}; best of {rounds} round(s)\n")
 print("| model | test | ours tok/s | llama.cpp tok/s | ours / llama.cpp | attention share (ours) |")
 print("| --- | --- | ---: | ---: | ---: | ---: |")
 mem = []
@@ -110,7 +119,7 @@ for m, o in mem:
           f"bound file {mib(o['file_bytes']):.0f} + KV budget {o['kv']['budget_mib']} + 150 = {bound:.0f} MiB: "
           f"{'within' if peak <= bound else 'OVER'}")
 EOF
-cat "$OUT/table.md"
+[ "$BENCH" = 1 ] && cat "$OUT/table.md"
 
 if [ "$PROFILE" = 1 ] && perf record -e cpu-clock -o /dev/null -- true >/dev/null 2>&1; then
   f=$(model_path qwen3)
@@ -123,9 +132,9 @@ if [ "$PROFILE" = 1 ] && perf record -e cpu-clock -o /dev/null -- true >/dev/nul
     perf record -q -e cpu-clock -F 999 -o "$OUT/perf-$name.data" -- \
       "$ours" --model "$f" --threads "$THREADS" $args >/dev/null 2>&1
     comms=$(perf report -i "$OUT/perf-$name.data" --sort comm --stdio 2>/dev/null \
-      | awk '/^ +[0-9]/ && $2 != "model-bench" {print $2}' | paste -sd, -)
+      | awk '/^ +[0-9]/ && $2 != "model-bench" {print $2}' | paste -sd, -) || true
     perf report -i "$OUT/perf-$name.data" --comms "$comms" --no-children --sort sym --stdio 2>/dev/null \
-      | grep -E '^ +[0-9]' | head -25 >"$OUT/perf-$name.txt"
+      | grep -E '^ +[0-9]' | head -25 >"$OUT/perf-$name.txt" || true
     echo "--- perf, ours, $name (model threads $comms; top symbols by self time)"
     cat "$OUT/perf-$name.txt"
   done

@@ -102,7 +102,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ModelFiles::Directory(dir) => (Tokenizer::from_model_dir(dir)?, TemplateSource::from_model_dir(dir)?),
     };
     let source = match &args.chat_template_file {
-        Some(file) => TemplateSource { special_tokens: source.special_tokens, ..TemplateSource::from_jinja_file(file)? },
+        Some(file) => {
+            TemplateSource { special_tokens: source.special_tokens, ..TemplateSource::from_jinja_file(file)? }
+        }
         None => source,
     };
     let template_text = source.templates.values().cloned().collect::<Vec<_>>().join("\n");
@@ -147,8 +149,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()
             .with_context(|| format!("`{}:{}` is not an address to listen on", args.host, args.port))?;
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
             "radix-serve: model {model_name}, device cpu, {threads} threads, KV capacity {capacity} tokens, \

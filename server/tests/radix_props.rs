@@ -37,11 +37,7 @@ fn aligned(len: usize, p: usize) -> usize {
 
 /// Longest page-aligned prefix of `query` shared with any cached sequence.
 fn reference_match(cached: &HashSet<Vec<u32>>, query: &[u32], p: usize) -> usize {
-    cached
-        .iter()
-        .map(|s| aligned(s.iter().zip(query).take_while(|(a, b)| a == b).count(), p))
-        .max()
-        .unwrap_or(0)
+    cached.iter().map(|s| aligned(s.iter().zip(query).take_while(|(a, b)| a == b).count(), p)).max().unwrap_or(0)
 }
 
 fn check_pages(tree: &RadixCache, alloc: &PageAllocator) {

@@ -19,8 +19,11 @@ fn tools() -> Json {
             "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": "file path"}},
                            "required": ["path"]}}})
     };
-    json!([tool("read_file", "Read a file of the repository."), tool("list_dir", "List a directory."),
-           tool("run_tests", "Run the test suite and report failures.")])
+    json!([
+        tool("read_file", "Read a file of the repository."),
+        tool("list_dir", "List a directory."),
+        tool("run_tests", "Run the test suite and report failures.")
+    ])
 }
 
 fn content(response: &Json) -> String {
@@ -54,7 +57,7 @@ fn check_streaming_format(server: &Server) {
     let text: String =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
     assert!(!text.is_empty());
-    assert_eq!(usage["completion_tokens"].as_u64().unwrap() as usize >= 1, true);
+    assert!(usage["completion_tokens"].as_u64().unwrap() >= 1);
     // Without include_usage there is no usage chunk.
     body["stream_options"] = json!({"include_usage": false});
     let data = server.stream(&body);
@@ -75,7 +78,8 @@ fn check_agent_session(server: &Server, system: &str, question: &str, turns: usi
         let completion = response["usage"]["completion_tokens"].as_u64().unwrap();
         seen.push((prompt, completion, cached(&response)));
         messages.push(json!({"role": "assistant", "content": content(&response)}));
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": filler(turn as u64, 40)}));
+        messages
+            .push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": filler(turn as u64, 40)}));
     }
     seen
 }
@@ -105,7 +109,8 @@ fn chat_api_end_to_end() {
     let (status, body) = server.post("/v1/chat/completions", &json!({"messages": "hi"}));
     assert_eq!(status, 400);
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    let (status, body) = server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}], "temperature": 9}));
+    let (status, body) =
+        server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}], "temperature": 9}));
     assert_eq!((status, body["error"]["message"].as_str().unwrap().contains("temperature")), (400, true));
     let huge = filler(1, 9000);
     let (status, body) = server.post("/v1/chat/completions", &chat(json!([{"role": "user", "content": huge}]), 4));

@@ -209,9 +209,8 @@ fn main() -> Result<()> {
     let rss_warm = status_kib("VmRSS:").unwrap_or(0);
     let mut results = Vec::new();
     for &n in a.pp.iter().filter(|&&n| n > 0) {
-        let times: Vec<f64> = (0..a.reps)
-            .map(|r| forward(&model, &mut pool, &pages, &tokens(n, r, vocab), n))
-            .collect::<Result<_>>()?;
+        let times: Vec<f64> =
+            (0..a.reps).map(|r| forward(&model, &mut pool, &pages, &tokens(n, r, vocab), n)).collect::<Result<_>>()?;
         let s = median(times);
         let attn = probe.as_mut().map(|p| median((0..a.reps).map(|_| p.time(n, n)).collect()));
         eprintln!("model-bench: pp{n}: {:.2} tok/s", n as f64 / s);
@@ -230,9 +229,9 @@ fn main() -> Result<()> {
             times.push(total);
         }
         let s = median(times);
-        let attn = probe.as_mut().map(|p| {
-            median((0..a.reps).map(|_| (0..a.tg_tokens).map(|i| p.time(1, ctx + i + 1)).sum()).collect())
-        });
+        let attn = probe
+            .as_mut()
+            .map(|p| median((0..a.reps).map(|_| (0..a.tg_tokens).map(|i| p.time(1, ctx + i + 1)).sum()).collect()));
         let tps = a.tg_tokens as f64 / s;
         eprintln!("model-bench: tg{}@d{ctx}: {tps:.2} tok/s", a.tg_tokens);
         results.push(json!({"test": format!("tg{}@d{ctx}", a.tg_tokens), "n_prompt": 0, "n_gen": a.tg_tokens,
@@ -261,8 +260,15 @@ fn main() -> Result<()> {
     } else {
         println!("model {} ({:.1} MiB), {} threads", a.model.display(), file_bytes as f64 / 1048576.0, a.threads);
         for r in out["results"].as_array().unwrap() {
-            let attn = r["attention_seconds"].as_f64().map(|x| format!("  attention {:.0}%", 100.0 * x / r["seconds"].as_f64().unwrap()));
-            println!("{:>14} {:>10.2} tok/s{}", r["test"].as_str().unwrap(), r["tokens_per_s"].as_f64().unwrap(), attn.unwrap_or_default());
+            let attn = r["attention_seconds"]
+                .as_f64()
+                .map(|x| format!("  attention {:.0}%", 100.0 * x / r["seconds"].as_f64().unwrap()));
+            println!(
+                "{:>14} {:>10.2} tok/s{}",
+                r["test"].as_str().unwrap(),
+                r["tokens_per_s"].as_f64().unwrap(),
+                attn.unwrap_or_default()
+            );
         }
         println!(
             "peak RSS {:.1} MiB (model file {:.1} MiB + KV {:.1} MiB{} + 150 MiB = bound {:.1} MiB)",

@@ -104,10 +104,8 @@ fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
         }
     };
     let stream = flag("stream", false)?;
-    let include_usage = field(&body, "stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Json::as_bool)
-        .unwrap_or(false);
+    let include_usage =
+        field(&body, "stream_options").and_then(|o| o.get("include_usage")).and_then(Json::as_bool).unwrap_or(false);
     let tools_enabled = chat.tools.as_ref().is_some_and(|t| !t.is_empty())
         && field(&body, "tool_choice").and_then(Json::as_str) != Some("none");
     let parser = ParserOptions {

@@ -25,7 +25,12 @@ impl ApiError {
 
     /// 500: we failed.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", code: None }
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            code: None,
+        }
     }
 
     /// Sets the code.

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use radix_models::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use crate::engine::StopMatcher;
+use radix_models::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use radix_templates::parse::{ParseEvent, ParserOptions, StreamingParser};
 
 /// Turns tokens into parse events; stops at the first stop string.

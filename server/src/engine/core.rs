@@ -137,6 +137,12 @@ impl EngineCore {
         };
         let mut row = 0;
         let mut done = Vec::new();
+        for &(index, end, _) in &members {
+            let seq = &self.running[index];
+            if seq.computed < seq.prompt_len && end >= seq.prompt_len {
+                self.share_prompt(index, end);
+            }
+        }
         for (index, end, wants_logits) in members {
             let seq = &mut self.running[index];
             seq.computed = end;
@@ -194,29 +200,69 @@ impl EngineCore {
     /// after evicting unused cache stays waiting; running sequences are never disturbed.
     fn admit(&mut self) {
         while self.running.len() < self.config.max_running && !self.waiting.is_empty() {
-            let index = if self.waiting[0].arrived.elapsed() > AGING {
-                0
-            } else {
-                let mut best = (0, 0);
-                for i in 0..self.waiting.len() {
-                    let seq = &self.waiting[i];
-                    let (use_cache, head) = (seq.request.use_cache, seq.tokens[..seq.prompt_len - 1].to_vec());
-                    let cached = self.cached_len(&head, use_cache);
-                    if cached > best.1 {
-                        best = (i, cached);
-                    }
+            let mut candidate = None;
+            let mut best_cached = 0;
+            for i in 0..self.waiting.len() {
+                let seq = &self.waiting[i];
+                let (use_cache, overdue) = (seq.request.use_cache, seq.arrived.elapsed() > AGING);
+                let head = seq.tokens[..seq.prompt_len - 1].to_vec();
+                let cached = self.cached_len(&head, use_cache);
+                if self.config.prefix_cache && use_cache && self.shares_a_running_prefill(&head, cached) {
+                    continue;
                 }
-                best.0
-            };
+                if i == 0 && overdue {
+                    candidate = Some(0);
+                    break;
+                }
+                if candidate.is_none() || cached > best_cached {
+                    candidate = Some(i);
+                    best_cached = cached;
+                }
+            }
+            let Some(index) = candidate else { break };
             let mut seq = self.waiting.remove(index).expect("index in range");
             if !self.try_place(&mut seq) {
                 self.waiting.insert(index, seq);
                 break;
             }
-            let _ = seq.events.send(EngineEvent::Started { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens });
+            let _ = seq
+                .events
+                .send(EngineEvent::Started { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens });
             seq.admitted = Some(Instant::now());
             self.running.push(seq);
         }
+    }
+
+    /// Puts a sequence's just-prefilled prompt into the tree while it keeps running, so that
+    /// requests sharing the prompt (subagents, parallel sessions) reuse it instead of computing
+    /// it again. Its page table switches to the tree's pages wherever the tree already held the
+    /// same tokens, and its lock moves to the end of the prompt.
+    fn share_prompt(&mut self, index: usize, computed: usize) {
+        if !self.config.prefix_cache || !self.running[index].request.use_cache {
+            return;
+        }
+        let seq = &mut self.running[index];
+        let inserted = self.tree.insert(&seq.tokens[..computed], &seq.pages);
+        if !inserted.duplicate_pages.is_empty() {
+            let tree_pages = self.tree.match_prefix(&seq.tokens[..inserted.present_tokens]).pages;
+            seq.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
+            self.alloc.release(inserted.duplicate_pages);
+        }
+        self.tree.lock(inserted.node);
+        if let Some(old) = seq.node.replace(inserted.node) {
+            self.tree.unlock(old);
+        }
+    }
+
+    /// Whether a running prefill will soon put more of this prompt into the cache than it holds
+    /// now: admitting it then would compute the shared part twice.
+    fn shares_a_running_prefill(&self, prompt: &[u32], cached: usize) -> bool {
+        let p = self.pool.page_size();
+        self.running.iter().any(|r| {
+            r.computed < r.prompt_len
+                && r.request.use_cache
+                && r.tokens[..r.prompt_len].iter().zip(prompt).take_while(|(a, b)| a == b).count() >= cached + p
+        })
     }
 
     fn cached_len(&mut self, tokens: &[u32], use_cache: bool) -> usize {
@@ -348,10 +394,10 @@ impl EngineCore {
     }
 
     fn debug_check(&self) {
-        if cfg!(debug_assertions) {
-            if let Err(problem) = self.check_invariants() {
-                panic!("engine invariant broken: {problem}");
-            }
+        if cfg!(debug_assertions)
+            && let Err(problem) = self.check_invariants()
+        {
+            panic!("engine invariant broken: {problem}");
         }
     }
 

@@ -109,7 +109,12 @@ impl RadixCache {
         let duplicate_pages =
             pages[..matched / p].iter().zip(&tree_pages).filter(|(ours, tree)| ours != tree).map(|(o, _)| *o).collect();
         let end = if matched < tokens.len() {
-            let leaf = self.alloc_node(Node::new(node, tokens[matched..].to_vec(), pages[matched / p..whole].to_vec(), self.clock));
+            let leaf = self.alloc_node(Node::new(
+                node,
+                tokens[matched..].to_vec(),
+                pages[matched / p..whole].to_vec(),
+                self.clock,
+            ));
             self.cached_pages += whole - matched / p;
             self.nodes[node].children.insert(tokens[matched..matched + p].to_vec(), leaf);
             leaf
@@ -243,7 +248,7 @@ impl RadixCache {
     /// Splits `child`'s edge after `at` tokens; returns the new upper node.
     fn split(&mut self, child: NodeId, at: usize) -> NodeId {
         let p = self.page_size;
-        debug_assert!(at > 0 && at % p == 0 && at < self.nodes[child].tokens.len());
+        debug_assert!(at > 0 && at.is_multiple_of(p) && at < self.nodes[child].tokens.len());
         let parent = self.nodes[child].parent;
         let upper_tokens = self.nodes[child].tokens[..at].to_vec();
         let upper_pages = self.nodes[child].pages[..at / p].to_vec();
@@ -282,10 +287,10 @@ impl RadixCache {
     }
 
     fn debug_check(&self) {
-        if cfg!(debug_assertions) {
-            if let Err(problem) = self.check_invariants() {
-                panic!("radix cache invariant broken: {problem}");
-            }
+        if cfg!(debug_assertions)
+            && let Err(problem) = self.check_invariants()
+        {
+            panic!("radix cache invariant broken: {problem}");
         }
     }
 

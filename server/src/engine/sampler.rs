@@ -107,7 +107,9 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            h.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+            );
             h.finish()
         });
         let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
@@ -144,10 +146,13 @@ impl Sampler {
         let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            keep = probs.iter().position(|x| {
-                acc += x;
-                acc >= p.top_p as f64
-            }).map_or(keep, |i| i + 1);
+            keep = probs
+                .iter()
+                .position(|x| {
+                    acc += x;
+                    acc >= p.top_p as f64
+                })
+                .map_or(keep, |i| i + 1);
         }
         if p.min_p > 0.0 {
             let floor = probs[0] * p.min_p as f64;
@@ -246,7 +251,9 @@ mod tests {
 
     #[test]
     fn out_of_range_settings_are_named() {
-        assert!(SamplingParams { temperature: 3.0, ..Default::default() }.validate().unwrap_err().contains("temperature"));
+        assert!(
+            SamplingParams { temperature: 3.0, ..Default::default() }.validate().unwrap_err().contains("temperature")
+        );
         assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err().contains("top_p"));
         assert!(SamplingParams { min_p: f32::NAN, ..Default::default() }.validate().unwrap_err().contains("min_p"));
         assert!(SamplingParams::default().validate().is_ok());

@@ -20,7 +20,11 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for the given stop strings (empty ones are ignored).
     pub fn new(stops: impl IntoIterator<Item = String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new(), stopped: false }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+            stopped: false,
+        }
     }
 
     /// Feeds newly decoded text.

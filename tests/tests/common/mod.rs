@@ -17,12 +17,17 @@ pub fn workspace_root() -> PathBuf {
 pub fn binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().join(format!("radix-serve{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} is missing: run `cargo build -p radix-serve` first (scripts/test.sh does)", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo build -p radix-serve` first (scripts/test.sh does)",
+        bin.display()
+    );
     bin
 }
 
 pub fn asset(name: &str) -> PathBuf {
-    let out = Command::new("bash").arg(workspace_root().join("scripts/assets.sh")).args(["path", name]).output().unwrap();
+    let out =
+        Command::new("bash").arg(workspace_root().join("scripts/assets.sh")).args(["path", name]).output().unwrap();
     assert!(out.status.success(), "assets.sh path {name}: {}", String::from_utf8_lossy(&out.stderr));
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
@@ -115,9 +120,8 @@ pub fn chat(messages: Json, max_tokens: usize) -> Json {
 /// Deterministic filler prose of our own, about `words` words.
 pub fn filler(seed: u64, words: usize) -> String {
     const VOCAB: [&str; 24] = [
-        "the", "agent", "reads", "files", "before", "editing", "tests", "must", "pass", "after", "every",
-        "change", "keep", "diffs", "small", "and", "explain", "why", "cache", "prefix", "tokens", "server",
-        "local", "model",
+        "the", "agent", "reads", "files", "before", "editing", "tests", "must", "pass", "after", "every", "change",
+        "keep", "diffs", "small", "and", "explain", "why", "cache", "prefix", "tokens", "server", "local", "model",
     ];
     let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut out = String::new();
