@@ -81,36 +81,60 @@ impl Model {
     /// Loads a `.gguf` file, or a directory with `config.json` and `*.safetensors` (or one of
     /// those safetensors files).
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        Self::load_with_progress(path, options, &mut |_, _| {})
+    }
+
+    /// [`load`](Self::load), calling `progress(layers_loaded, layers)` as layers load (for a
+    /// progress bar).
+    pub fn load_with_progress(
+        path: &Path,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         if path.is_dir() {
-            Self::from_safetensors_dir(path, options)
+            Self::safetensors_dir(path, options, progress)
         } else if path.extension().is_some_and(|e| e == "safetensors") {
-            Self::from_safetensors_dir(path.parent().unwrap_or(Path::new(".")), options)
+            Self::safetensors_dir(path.parent().unwrap_or(Path::new(".")), options, progress)
         } else {
-            Self::from_gguf(path, options)
+            Self::gguf(path, options, progress)
         }
     }
 
     /// Loads a GGUF model laid out by llama.cpp's converter.
     pub fn from_gguf(path: &Path, options: &LoadOptions) -> Result<Self> {
+        Self::gguf(path, options, &mut |_, _| {})
+    }
+
+    /// Loads a Hugging Face model directory (`config.json` + safetensors).
+    pub fn from_safetensors_dir(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        Self::safetensors_dir(dir, options, &mut |_, _| {})
+    }
+
+    fn gguf(path: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
         let store = WeightStore::open_gguf(path, options.dequantize_weights)?;
         let config = ModelConfig::from_gguf(store.gguf_content().expect("a GGUF store"))?;
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotation; Qwen keeps
         // the Hugging Face layout.
         let layout = if config.arch == Architecture::Llama { RopeLayout::Interleaved } else { RopeLayout::Neox };
-        Self::from_store(&store, config, layout, options)
+        Self::from_store(&store, config, layout, options, progress)
     }
 
-    /// Loads a Hugging Face model directory (`config.json` + safetensors).
-    pub fn from_safetensors_dir(dir: &Path, options: &LoadOptions) -> Result<Self> {
+    fn safetensors_dir(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path)
             .map_err(|e| ModelError::BadFile { path: config_path.clone(), message: format!("cannot read: {e}") })?;
         let config = ModelConfig::from_hf_json(&text)?;
         let store = WeightStore::open_safetensors(dir, config.arch)?;
-        Self::from_store(&store, config, RopeLayout::Neox, options)
+        Self::from_store(&store, config, RopeLayout::Neox, options, progress)
     }
 
-    fn from_store(store: &WeightStore, config: ModelConfig, layout: RopeLayout, options: &LoadOptions) -> Result<Self> {
+    fn from_store(
+        store: &WeightStore,
+        config: ModelConfig,
+        layout: RopeLayout,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let mut notes = Vec::new();
         let (embedding, tied_head) = store.embedding(&mut notes)?;
         check_embedding_shape(&config, &embedding)?;
@@ -137,6 +161,7 @@ impl Model {
                 up: store.linear(&name("ffn_up"), &mut notes)?,
                 down: store.linear(&name("ffn_down"), &mut notes)?,
             });
+            progress(i + 1, config.num_layers);
         }
         let divisors = if store.contains("rope_freqs.weight") {
             Some(store.dense("rope_freqs.weight")?.to_vec1::<f32>()?)

@@ -91,8 +91,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let hub = HubOptions { revision: args.revision.clone(), ..HubOptions::from_env() };
     let files = resolve_model(&spec, &hub)?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    eprintln!("radix-serve: loading {} ...", files.path().display());
-    let model = Model::load(files.path(), &LoadOptions { threads, dequantize_weights: false })
+    eprintln!("radix-serve: loading {}", files.path().display());
+    let mut bar = |done: usize, total: usize| {
+        const WIDTH: usize = 30;
+        let filled = WIDTH * done / total.max(1);
+        eprint!("\rradix-serve: [{}{}] {done}/{total} layers", "#".repeat(filled), " ".repeat(WIDTH - filled));
+        if done == total {
+            eprintln!();
+        }
+    };
+    let options = LoadOptions { threads, dequantize_weights: false };
+    let model = Model::load_with_progress(files.path(), &options, &mut bar)
         .with_context(|| format!("cannot load {}", files.path().display()))?;
     for note in model.load_notes() {
         eprintln!("radix-serve: {note}");
