@@ -21,7 +21,9 @@ use crate::weights::{Embedding, Linear, WeightStore, check_embedding_shape};
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Threads of the model's own pool (matmuls and attention run there).
+    /// Threads of the model's own pool (attention and dense matmuls run there). candle runs
+    /// quantized matmuls on a pool of its own, sized once per process from `CANDLE_NUM_THREADS`;
+    /// `radix-serve` sets that from `--threads`.
     pub threads: usize,
     /// Dequantize quantized weights to f32 at load: exact matmuls (no 8-bit activations),
     /// for checking a quantized file against a float reference; slower and larger.

@@ -28,6 +28,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
+    if cli.command.is_none() {
+        serve::size_candle_pool(cli.serve.threads());
+    }
     let result = match cli.command {
         Some(Command::Template(args)) => template_cmd::run(&args),
         None => serve::run(cli.serve),

@@ -55,6 +55,25 @@ pub struct ServeArgs {
     no_prefix_cache: bool,
 }
 
+impl ServeArgs {
+    /// Model threads: `--threads`, else every core.
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+/// candle runs quantized matmuls on its own spinning pool, sized once from `CANDLE_NUM_THREADS`
+/// (else every physical core) when it is first used; size it from `--threads` so the model has
+/// one thread count. Measured under load (benches/README.md), a pool larger than the free cores
+/// collapses decode speed; `CANDLE_NUM_THREADS=1` set by the user is kept.
+pub fn size_candle_pool(threads: usize) {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: called from `main` before any other thread exists (no runtime, no model yet),
+        // so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", threads.to_string()) };
+    }
+}
+
 /// llama-server spells some flags with two letters after one dash; clap takes one.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     args.map(|a| match a.as_str() {
@@ -90,7 +109,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let hub = HubOptions { revision: args.revision.clone(), ..HubOptions::from_env() };
     let files = resolve_model(&spec, &hub)?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads();
     eprintln!("radix-serve: loading {}", files.path().display());
     let mut bar = |done: usize, total: usize| {
         const WIDTH: usize = 30;
