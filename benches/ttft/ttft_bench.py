@@ -235,6 +235,7 @@ def stream_chat(port: int, body: dict, timeout: float = 600) -> dict:
     ttft = None          # first chunk carrying output
     first_after_role = None
     seen_role = False
+    done = False
     text: list[str] = []
     usage = None
     timings = None
@@ -248,6 +249,7 @@ def stream_chat(port: int, body: dict, timeout: float = 600) -> dict:
         data = line[5:].strip()
         now = time.perf_counter() - t0
         if data == b"[DONE]":
+            done = True
             break
         chunk = json.loads(data)
         if "error" in chunk:
@@ -267,6 +269,8 @@ def stream_chat(port: int, body: dict, timeout: float = 600) -> dict:
                 first_after_role = now
     total = time.perf_counter() - t0
     conn.close()
+    if not done:
+        raise RuntimeError("the stream ended without [DONE]")
     usage = usage or {}
     timings = timings or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")

@@ -77,9 +77,13 @@ fn check_agent_session(server: &Server, system: &str, question: &str, turns: usi
         let prompt = response["usage"]["prompt_tokens"].as_u64().unwrap();
         let completion = response["usage"]["completion_tokens"].as_u64().unwrap();
         seen.push((prompt, completion, cached(&response)));
-        messages.push(json!({"role": "assistant", "content": content(&response)}));
-        messages
-            .push(json!({"role": "tool", "tool_call_id": format!("call_{turn}"), "content": filler(turn as u64, 40)}));
+        // The assistant turn is the model's own reply followed by a tool call, as an agent
+        // appends it; the reply's tokens are what the cache holds from the previous request.
+        let call_id = format!("call_{turn}");
+        let arguments = format!("{{\"path\": \"src/file{turn}.rs\"}}");
+        messages.push(json!({"role": "assistant", "content": content(&response), "tool_calls": [{
+            "id": call_id, "type": "function", "function": {"name": "read_file", "arguments": arguments}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": filler(turn as u64, 40)}));
     }
     seen
 }
