@@ -198,22 +198,27 @@ impl WeightStore {
 
     pub(crate) fn embedding(&self, notes: &mut Vec<String>) -> Result<(Embedding, Option<QMatMul>)> {
         match self {
-            WeightStore::Gguf { .. } => {
+            WeightStore::Gguf { dequantize, .. } => {
                 let q = self.qtensor("token_embd.weight")?;
-                let embedding = match q.dtype() {
-                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Embedding::Dense(q.dequantize(&Device::Cpu)?),
-                    _ => Embedding::Quantized(Arc::new(q)),
-                };
-                // A tied output head multiplies by the embedding matrix every step: give it a
-                // fast type too.
-                let tied_head = match self {
-                    _ if self.contains("output.weight") => None,
-                    WeightStore::Gguf { dequantize: true, .. } => {
-                        Some(QMatMul::Tensor(self.dense("token_embd.weight")?))
+                let tied = !self.contains("output.weight");
+                Ok(match q.dtype() {
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                        let dense = q.dequantize(&Device::Cpu)?;
+                        let head = tied.then(|| QMatMul::Tensor(dense.clone()));
+                        (Embedding::Dense(dense), head)
                     }
-                    _ => Some(QMatMul::from_qtensor(fast_cpu_type(self.qtensor("token_embd.weight")?, notes)?)?),
-                };
-                Ok((embedding, tied_head))
+                    _ if tied && *dequantize => {
+                        let dense = q.dequantize(&Device::Cpu)?;
+                        (Embedding::Quantized(Arc::new(q)), Some(QMatMul::Tensor(dense)))
+                    }
+                    _ if tied => {
+                        // A tied output head multiplies by the embedding every step, so it gets a
+                        // fast type; lookups share that one copy rather than keeping a second.
+                        let fast = Arc::new(fast_cpu_type(q, notes)?);
+                        (Embedding::Quantized(Arc::clone(&fast)), Some(QMatMul::from_arc(fast)?))
+                    }
+                    _ => (Embedding::Quantized(Arc::new(q)), None),
+                })
             }
             WeightStore::Safetensors { .. } => {
                 let w = self.dense("token_embd.weight")?;
