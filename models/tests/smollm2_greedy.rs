@@ -2,18 +2,12 @@
 //! chat prompts as transformers does: `fixtures/smollm2_greedy.json` holds transformers' greedy
 //! ids (from the same GGUF dequantized to f32; `scripts/gen_model_refs.py`).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
 use serde_json::Value as Json;
 
-fn asset(name: &str) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/assets.sh");
-    let out = Command::new("bash").arg(script).args(["path", name]).output().unwrap();
-    assert!(out.status.success(), "assets.sh path {name}: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+use radix_e2e::asset_path as asset;
 
 fn argmax(logits: &[f32]) -> u32 {
     logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()

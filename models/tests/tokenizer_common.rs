@@ -4,35 +4,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::gguf::{GgufMetadata, GgufValue};
 use serde_json::Value as Json;
 
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate is inside the workspace").to_owned()
-}
-
 /// The models test fixtures folder.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// The path of a third-party asset, fetched through `scripts/assets.sh`. Panics with the script's
-/// own message when it cannot be had.
-pub fn asset_path(name: &str) -> PathBuf {
-    let script = workspace_root().join("scripts/assets.sh");
-    let out = Command::new("bash").arg(&script).args(["path", name]).output().expect("bash runs");
-    assert!(
-        out.status.success(),
-        "scripts/assets.sh path {name} failed (the tokenizer parity tests need the pinned registry assets):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
+pub use radix_e2e::asset_path;
 
 /// The corpus strings of `tokenizer_corpus.json`.
 pub fn corpus() -> &'static [String] {

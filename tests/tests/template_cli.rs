@@ -2,15 +2,13 @@
 //! its stdout byte for byte against transformers' reference renders.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
+use radix_e2e::workspace_root;
 
 /// The `radix-serve` binary that `cargo test --workspace` built next to this test.
 fn binary() -> PathBuf {
@@ -25,12 +23,7 @@ fn binary() -> PathBuf {
     bin
 }
 
-fn asset(name: &str) -> PathBuf {
-    let out =
-        Command::new("bash").arg(workspace_root().join("scripts/assets.sh")).args(["path", name]).output().unwrap();
-    assert!(out.status.success(), "assets.sh path {name}: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+use radix_e2e::asset_path as asset;
 
 fn fixture(name: &str) -> PathBuf {
     workspace_root().join("templates/tests/fixtures").join(name)

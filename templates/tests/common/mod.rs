@@ -2,33 +2,16 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use radix_templates::{ChatRequest, ChatTemplate, TemplateSource};
 use serde_json::Value as Json;
-
-/// The workspace root.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate is inside the workspace").to_owned()
-}
 
 /// The template test fixtures folder.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// The path of a third-party asset, fetched through `scripts/assets.sh` (the one script tests,
-/// benches and README share). Panics with the script's own message when it cannot be had.
-pub fn asset_path(name: &str) -> PathBuf {
-    let script = workspace_root().join("scripts/assets.sh");
-    let out = Command::new("bash").arg(&script).args(["path", name]).output().expect("bash runs");
-    assert!(
-        out.status.success(),
-        "scripts/assets.sh path {name} failed (the template parity tests need the pinned registry assets):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
+pub use radix_e2e::asset_path;
 
 /// One template under test.
 pub struct TemplateCase {

@@ -2,16 +2,14 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
+pub use radix_e2e::workspace_root;
 
 /// The binary that `cargo build -p radix-serve` made next to the test executable.
 pub fn binary() -> PathBuf {
@@ -25,12 +23,7 @@ pub fn binary() -> PathBuf {
     bin
 }
 
-pub fn asset(name: &str) -> PathBuf {
-    let out =
-        Command::new("bash").arg(workspace_root().join("scripts/assets.sh")).args(["path", name]).output().unwrap();
-    assert!(out.status.success(), "assets.sh path {name}: {}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
+pub use radix_e2e::asset_path as asset;
 
 /// A running server, killed when dropped.
 pub struct Server {
