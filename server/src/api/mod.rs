@@ -1,7 +1,11 @@
 //! The HTTP API (axum): OpenAI chat completions (streaming and not), models, health.
 
+mod anthropic;
 mod chat;
+mod completions;
 mod error;
+mod llama;
+mod metrics;
 mod output;
 
 use std::sync::Arc;
@@ -41,6 +45,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .merge(completions::routes())
+        .merge(llama::routes())
+        .merge(anthropic::routes())
+        .merge(metrics::routes())
         .with_state(state)
         .layer(axum::extract::DefaultBodyLimit::max(32 << 20))
 }
