@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 echo "== assets"
 scripts/assets.sh fetch
+echo "== SDK virtualenv (official OpenAI and Anthropic Python SDKs, pinned with hashes)"
+scripts/sdk-env.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

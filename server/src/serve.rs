@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, resolve_model};
-use radix_serve::api::{ApiState, router};
+use radix_serve::api::{ApiError, ApiKeys, ApiState, HttpMetrics, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
 use radix_templates::parse::OutputFormat;
 use radix_templates::prepare::PreparedTemplate;
@@ -53,6 +53,16 @@ pub struct ServeArgs {
     /// Never reuse cached prefixes (every request prefills from scratch).
     #[arg(long)]
     no_prefix_cache: bool,
+    /// API key every route but /health requires, as `Authorization: Bearer <key>` or
+    /// `x-api-key: <key>`; several may be given comma-separated.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// File with API keys, one per line.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Most requests waiting for admission; generation routes answer 503 beyond it.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
 }
 
 impl ServeArgs {
@@ -123,6 +133,26 @@ fn default_model() -> anyhow::Result<PathBuf> {
 
 /// Loads everything, then serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
+    // Listen before loading, so probes get an honest 503 "loading model" instead of a refused
+    // connection; the same socket serves the API once the engine is ready.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("`{}:{}` is not an address to listen on", args.host, args.port))?;
+    let socket = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    socket.set_nonblocking(true)?;
+    let local = socket.local_addr()?;
+    let (loaded, loading_server) = {
+        let _guard = runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(socket.try_clone()?)?;
+        let (loaded, done) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, loading_router()).with_graceful_shutdown(async {
+            let _ = done.await;
+        });
+        (loaded, runtime.spawn(async move { server.await }))
+    };
+    eprintln!("radix-serve: answering 503 on http://{local} while the model loads");
     let spec = match &args.model {
         Some(m) => m.clone(),
         None => default_model()?.display().to_string(),
@@ -191,14 +221,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         stop_tokens,
         model_name: model_name.clone(),
         context_length,
+        model_path: files.path().display().to_string(),
+        total_slots: args.parallel.max(1),
+        api_keys,
+        max_queue: args.max_queue.max(1),
+        http_metrics: HttpMetrics::default(),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-            .parse()
-            .with_context(|| format!("`{}:{}` is not an address to listen on", args.host, args.port))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        let local = listener.local_addr()?;
+        // Stop the loading server first: it stops accepting at once, and connections waiting
+        // in the socket's backlog are then taken by the real one.
+        let _ = loaded.send(());
+        // It waits for its open connections; a client holding one open must not delay serving.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), loading_server).await;
+        let listener = tokio::net::TcpListener::from_std(socket)?;
         eprintln!(
             "radix-serve: model {model_name}, device cpu, {threads} threads, KV capacity {capacity} tokens, \
              context {context_length}; listening on http://{local}"
@@ -210,4 +245,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .context("the HTTP server failed")
     })
+}
+
+/// What answers while the model loads: `/health` says so with 503 (load balancers and the
+/// harness poll it), every other route answers 503 with an OpenAI-style error.
+fn loading_router() -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    axum::Router::new()
+        .route(
+            "/health",
+            axum::routing::get(|| async {
+                (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "loading model"})))
+            }),
+        )
+        .fallback(|| async {
+            ApiError::unavailable("the model is loading; retry in a moment").with_code("loading_model").into_response()
+        })
 }

@@ -27,6 +27,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequ
         max_tokens,
         stop_tokens: vec![],
         use_cache,
+        constraint: None,
     }
 }
 
@@ -57,7 +58,7 @@ fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outcome> 
                 match event {
                     EngineEvent::Started { cached_tokens, .. } => outcome.cached = cached_tokens,
                     EngineEvent::Token(t) => outcome.tokens.push(t),
-                    EngineEvent::Finished { .. } => {}
+                    EngineEvent::Finished { .. } | EngineEvent::Logprobs(_) => {}
                     EngineEvent::Failed(m) => panic!("request failed: {m}"),
                 }
             }

@@ -270,6 +270,15 @@ fn render_error(err: Error) -> TemplateError {
     TemplateError::Render { message: describe(&err) }
 }
 
+/// The work one render may do (minijinja's fuel: about one per instruction and per 64 bytes
+/// made). Real templates use well under a million even for long agent conversations with
+/// tools; this bounds a runaway template to a second or two.
+pub const RENDER_FUEL: u64 = 50_000_000;
+
+/// How deep a render may recurse (macros count about 10 per call); minijinja's own default of
+/// 500 assumes a main thread's stack, renders run on smaller worker stacks.
+pub const RENDER_RECURSION_LIMIT: usize = 200;
+
 /// A minijinja environment that behaves like transformers' Jinja2 environment.
 fn transformers_environment() -> Environment<'static> {
     let mut env = Environment::new();
@@ -283,6 +292,10 @@ fn transformers_environment() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // A hostile `--chat-template-file` or request (huge loops, deep recursion through macros)
+    // must fail the render, not hang the server or overflow a worker thread's stack.
+    env.set_fuel(Some(RENDER_FUEL));
+    env.set_recursion_limit(RENDER_RECURSION_LIMIT);
     // Jinja2 prints values with Python's str(): True, None, ['a'], {'k': 1}.
     env.set_formatter(|out, _state, value| {
         out.write_str(&py_str(value)).map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
@@ -373,4 +386,37 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
 /// Converts any serializable value (JSON here) into a template value.
 pub(crate) fn to_value<T: serde::Serialize>(value: T) -> Value {
     Value::from(minijinja::value::Serde(value))
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn render(text: &str) -> Result<String, TemplateError> {
+        let template = ChatTemplate::from_text(text, BTreeMap::new()).unwrap();
+        let input =
+            RenderInput { messages: vec![serde_json::json!({"role": "user", "content": "hi"})], ..Default::default() };
+        template.render(&input)
+    }
+
+    #[test]
+    fn an_endless_loop_runs_out_of_fuel() {
+        let started = std::time::Instant::now();
+        let err =
+            render("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}").unwrap_err();
+        assert!(err.to_string().contains("fuel"), "{err}");
+        assert!(started.elapsed().as_secs() < 30, "took {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn unbounded_recursion_is_an_error() {
+        let err = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap_err();
+        assert!(err.to_string().contains("recursion"), "{err}");
+    }
+
+    #[test]
+    fn ordinary_templates_are_within_the_limits() {
+        let text = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+        assert_eq!(render(text).unwrap(), "user: hi\n");
+    }
 }

@@ -16,6 +16,7 @@
 
 mod detokenize;
 mod gguf_vocab;
+mod token_bytes;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

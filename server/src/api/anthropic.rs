@@ -1,12 +1,321 @@
 //! The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+//!
+//! A Messages body is converted into an OpenAI chat body (anthropic_convert.rs) and prepared by
+//! chat.rs, so both APIs render the same prompt and share the radix cache. Only the reply's
+//! shape is Anthropic's: content blocks (thinking, text, tool_use), `stop_reason`, usage split
+//! into uncached `input_tokens` and `cache_read_input_tokens`, named SSE events when streaming.
 
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use radix_templates::parse::{ParseEvent, ParsedMessage};
+use serde_json::{Value as Json, json};
 
-use super::ApiState;
+use super::anthropic_convert::to_chat_body;
+use super::chat::{Prepared, prepare, sse_response, unique_suffix};
+use super::output::{Ending, Generation};
+use super::{ApiError, ApiState};
 
-/// The routes of this module (filled in by its owner).
+/// The routes of this module.
 pub(super) fn routes() -> Router<Arc<ApiState>> {
-    Router::new()
+    Router::new().route("/v1/messages", post(messages)).route("/v1/messages/count_tokens", post(count_tokens))
+}
+
+/// An error in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`.
+fn error_body(e: &ApiError) -> Json {
+    let kind = match e.status.as_u16() {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": e.message}})
+}
+
+fn error_response(e: ApiError) -> Response {
+    (e.status, axum::Json(error_body(&e))).into_response()
+}
+
+/// Parses, converts and prepares a Messages body.
+fn read(state: &ApiState, body: &[u8], generation: bool) -> Result<Prepared, ApiError> {
+    let body: Json =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let chat = to_chat_body(&body, generation).map_err(ApiError::bad_request)?;
+    let chat_bytes = serde_json::to_vec(&chat).map_err(|e| ApiError::internal(format!("re-encoding the body: {e}")))?;
+    let mut prepared = prepare(state, &chat_bytes)?;
+    prepared.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
+    Ok(prepared)
+}
+
+async fn count_tokens(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    match read(&state, &body, false) {
+        Ok(prepared) => axum::Json(json!({"input_tokens": prepared.request.prompt.len()})).into_response(),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn messages(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    match read(&state, &body, true) {
+        Ok(prepared) if prepared.stream => stream(state, prepared).into_response(),
+        Ok(prepared) => complete(state, prepared).await,
+        Err(e) => error_response(e),
+    }
+}
+
+fn start(state: &ApiState, p: Prepared) -> Generation {
+    let mut generation = Generation::start(&state.engine, Arc::clone(&state.tokenizer), p.request, p.stops, p.parser);
+    generation.cache_context = p.cache;
+    generation
+}
+
+/// `stop_reason` and `stop_sequence`. Anthropic's order: a reply cut by the token limit says
+/// `max_tokens` even inside a tool call (its input may be incomplete), unlike OpenAI's `tool_calls`.
+fn stop_reason(ending: &Ending, tool_calls: bool) -> (&'static str, Option<String>) {
+    match ending {
+        Ending::Word(word) => ("stop_sequence", Some(word.clone())),
+        Ending::Length => ("max_tokens", None),
+        Ending::Eos if tool_calls => ("tool_use", None),
+        Ending::Eos => ("end_turn", None),
+    }
+}
+
+/// Uncached prompt tokens are `input_tokens`; cached ones `cache_read_input_tokens`.
+fn usage(generation: &Generation) -> Json {
+    json!({
+        "input_tokens": generation.prompt_tokens - generation.cached_tokens.min(generation.prompt_tokens),
+        "output_tokens": generation.tokens.len(),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": generation.cached_tokens,
+    })
+}
+
+fn message_id() -> String {
+    format!("msg_{}", unique_suffix())
+}
+
+/// A tool call's input object (`{}` when the model's argument text is not a JSON object).
+fn tool_input(arguments: &str) -> Json {
+    serde_json::from_str::<Json>(arguments).ok().filter(Json::is_object).unwrap_or_else(|| json!({}))
+}
+
+async fn complete(state: Arc<ApiState>, p: Prepared) -> Response {
+    let mut generation = start(&state, p);
+    let (events, ending) = match generation.run().await {
+        Ok((events, ending, _)) => (events, ending),
+        Err(e) => return error_response(e),
+    };
+    let (stop_reason, stop_sequence) = stop_reason(&ending, generation.pipeline.tool_calls);
+    let usage = usage(&generation);
+    let message = ParsedMessage::from_events(events);
+    let mut content = Vec::new();
+    if let Some(thinking) = message.reasoning_content {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
+    if !message.content.is_empty() {
+        content.push(json!({"type": "text", "text": message.content}));
+    }
+    for call in &message.tool_calls {
+        content
+            .push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(&call.arguments)}));
+    }
+    axum::Json(json!({
+        "id": message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": state.model_name,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": usage,
+    }))
+    .into_response()
+}
+
+/// The kind of the content block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Thinking,
+    Text,
+    Tool(usize),
+}
+
+/// Turns parse events into content-block events: a block opens on its first event and closes
+/// when another kind begins.
+#[derive(Default)]
+struct Blocks {
+    index: usize,
+    open: Option<Block>,
+}
+
+impl Blocks {
+    fn push(&mut self, event: &ParseEvent) -> Vec<(&'static str, Json)> {
+        let (block, start, delta) = match event {
+            ParseEvent::Reasoning(text) => (
+                Block::Thinking,
+                Some(json!({"type": "thinking", "thinking": "", "signature": ""})),
+                Some(json!({"type": "thinking_delta", "thinking": text})),
+            ),
+            ParseEvent::Content(text) => (
+                Block::Text,
+                Some(json!({"type": "text", "text": ""})),
+                Some(json!({"type": "text_delta", "text": text})),
+            ),
+            ParseEvent::ToolCallStart { index, id, name } => {
+                (Block::Tool(*index), Some(json!({"type": "tool_use", "id": id, "name": name, "input": {}})), None)
+            }
+            ParseEvent::ToolCallArguments { index, delta } => {
+                (Block::Tool(*index), None, Some(json!({"type": "input_json_delta", "partial_json": delta})))
+            }
+        };
+        let mut out = Vec::new();
+        let starts_call = matches!(event, ParseEvent::ToolCallStart { .. });
+        if self.open != Some(block) || starts_call {
+            // Arguments of a call whose start was never seen have no block to go to.
+            let Some(start) = start else { return out };
+            out.extend(self.close());
+            self.open = Some(block);
+            out.push((
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.index, "content_block": start}),
+            ));
+        }
+        if let Some(delta) = delta {
+            out.push((
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+            ));
+        }
+        out
+    }
+
+    fn close(&mut self) -> Option<(&'static str, Json)> {
+        self.open.take()?;
+        let stop = ("content_block_stop", json!({"type": "content_block_stop", "index": self.index}));
+        self.index += 1;
+        Some(stop)
+    }
+}
+
+fn stream(state: Arc<ApiState>, p: Prepared) -> impl IntoResponse {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let send = |name: &'static str, data: Json| {
+            let tx = tx.clone();
+            async move { tx.send(Event::default().event(name).data(data.to_string())).await.is_ok() }
+        };
+        let mut generation = start(&state, p);
+        let mut blocks = Blocks::default();
+        let mut started = false;
+        loop {
+            let piece = match generation.next().await {
+                Ok(Some(piece)) => piece,
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = send("error", error_body(&e)).await;
+                    return;
+                }
+            };
+            // message_start waits for the first piece, so its usage knows the cached prefix.
+            if !started {
+                started = true;
+                let mut usage = usage(&generation);
+                usage["output_tokens"] = json!(0);
+                let start = json!({"type": "message_start", "message": {
+                    "id": message_id(), "type": "message", "role": "assistant", "model": state.model_name,
+                    "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage}});
+                if !send("message_start", start).await || !send("ping", json!({"type": "ping"})).await {
+                    return;
+                }
+            }
+            let mut out: Vec<_> = piece.events.iter().flat_map(|e| blocks.push(e)).collect();
+            if let Some((ending, _)) = &piece.end {
+                out.extend(blocks.close());
+                let (stop_reason, stop_sequence) = stop_reason(ending, generation.pipeline.tool_calls);
+                let delta = json!({"type": "message_delta", "usage": usage(&generation),
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}});
+                out.extend([("message_delta", delta), ("message_stop", json!({"type": "message_stop"}))]);
+            }
+            for (name, data) in out {
+                if !send(name, data).await {
+                    return;
+                }
+            }
+            if piece.end.is_some() {
+                return;
+            }
+        }
+    });
+    sse_response(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_events_become_content_blocks() {
+        let events = [
+            ParseEvent::Reasoning("Let me ".into()),
+            ParseEvent::Reasoning("look.".into()),
+            ParseEvent::Content("Reading.".into()),
+            ParseEvent::ToolCallStart { index: 0, id: "toolu_x_0".into(), name: "read".into() },
+            ParseEvent::ToolCallArguments { index: 0, delta: "{\"path\": ".into() },
+            ParseEvent::ToolCallArguments { index: 0, delta: "\"a\"}".into() },
+            ParseEvent::ToolCallStart { index: 1, id: "toolu_x_1".into(), name: "list".into() },
+            ParseEvent::ToolCallArguments { index: 7, delta: "lost".into() },
+        ];
+        let mut blocks = Blocks::default();
+        let mut out: Vec<_> = events.iter().flat_map(|e| blocks.push(e)).collect();
+        out.extend(blocks.close());
+        assert!(blocks.close().is_none(), "closing twice emits nothing");
+        let summary: Vec<String> = out
+            .iter()
+            .map(|(name, data)| {
+                let detail = match *name {
+                    "content_block_start" => data["content_block"]["type"].as_str().unwrap().to_owned(),
+                    "content_block_delta" => data["delta"].to_string(),
+                    _ => String::new(),
+                };
+                format!("{name} {} {detail}", data["index"])
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "content_block_start 0 thinking",
+                r#"content_block_delta 0 {"type":"thinking_delta","thinking":"Let me "}"#,
+                r#"content_block_delta 0 {"type":"thinking_delta","thinking":"look."}"#,
+                "content_block_stop 0 ",
+                "content_block_start 1 text",
+                r#"content_block_delta 1 {"type":"text_delta","text":"Reading."}"#,
+                "content_block_stop 1 ",
+                "content_block_start 2 tool_use",
+                r#"content_block_delta 2 {"type":"input_json_delta","partial_json":"{\"path\": "}"#,
+                r#"content_block_delta 2 {"type":"input_json_delta","partial_json":"\"a\"}"}"#,
+                "content_block_stop 2 ",
+                "content_block_start 3 tool_use",
+                "content_block_stop 3 ",
+            ]
+        );
+        assert_eq!(
+            out[7].1["content_block"],
+            json!({"type": "tool_use", "id": "toolu_x_0", "name": "read", "input": {}})
+        );
+    }
+
+    #[test]
+    fn tool_input_is_always_an_object() {
+        assert_eq!(tool_input("{\"a\": [1]}"), json!({"a": [1]}));
+        assert_eq!(tool_input("{\"a\": "), json!({}), "cut off by max_tokens");
+        assert_eq!(tool_input("[1]"), json!({}));
+    }
 }

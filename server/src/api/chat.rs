@@ -12,18 +12,23 @@ use radix_templates::ChatRequest;
 use radix_templates::parse::{ParseEvent, ParsedMessage, ParserOptions};
 use serde_json::{Value as Json, json};
 
-use super::output::OutputPipeline;
+use super::completion_params::{
+    check_context, field, flag, include_usage, number, parse_body, sampling, stops, top_logprobs,
+};
+use super::output::{Generation, Piece, TokenText};
 use super::{ApiError, ApiState};
-use crate::engine::{EngineEvent, FinishReason, GenerateRequest, SamplingParams, Timings};
+use crate::engine::{GenerateRequest, SamplingParams, Timings, TokenLogprobs};
 
 /// Everything a chat request decided before generation starts.
-struct Prepared {
-    request: GenerateRequest,
-    stops: Vec<String>,
-    parser: ParserOptions,
-    stream: bool,
+pub(super) struct Prepared {
+    pub(super) request: GenerateRequest,
+    pub(super) stops: Vec<String>,
+    pub(super) parser: ParserOptions,
+    pub(super) stream: bool,
     include_usage: bool,
     id: String,
+    /// To explain a cache miss in terms of messages (api/cache_report.rs).
+    pub(super) cache: Option<super::cache_report::CacheContext>,
 }
 
 pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
@@ -34,21 +39,12 @@ pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: B
     if prepared.stream { stream(state, prepared).into_response() } else { complete(state, prepared).await }
 }
 
-fn field<'a>(body: &'a Json, name: &str) -> Option<&'a Json> {
-    body.get(name).filter(|v| !v.is_null())
-}
-
-fn number(body: &Json, name: &str) -> Result<Option<f64>, ApiError> {
-    match field(body, name) {
-        None => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| ApiError::bad_request(format!("'{name}' must be a number"))),
-    }
-}
-
-fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let body: Json =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+/// Reads an OpenAI chat body and decides everything before generation (the Anthropic API
+/// converts its body to this shape and comes through here too).
+pub(super) fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let body = parse_body(body)?;
     let chat = ChatRequest::from_json(&body)?;
+    super::limits::check_roles(&chat.messages)?;
     if let Some(n) = field(&body, "n")
         && n.as_u64() != Some(1)
     {
@@ -60,52 +56,17 @@ fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
         .encode(&prompt_text, false)
         .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
     let context = state.context_length;
-    if prompt.len() >= context {
-        return Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {context} tokens. However, your messages resulted in {} \
-             tokens. Please reduce the length of the messages.",
-            prompt.len()
-        ))
-        .with_code("context_length_exceeded"));
-    }
+    check_context(prompt.len(), context, "messages")?;
     let max_tokens = match number(&body, "max_completion_tokens")?.or(number(&body, "max_tokens")?) {
         Some(n) if n >= 1.0 => (n as usize).min(context - prompt.len()),
         Some(_) => return Err(ApiError::bad_request("'max_tokens' must be at least 1")),
         None => context - prompt.len(),
     };
-    let defaults = SamplingParams::default();
-    let sampling = SamplingParams {
-        temperature: number(&body, "temperature")?.map_or(defaults.temperature, |v| v as f32),
-        top_p: number(&body, "top_p")?.map_or(defaults.top_p, |v| v as f32),
-        top_k: number(&body, "top_k")?.map_or(0, |v| v.max(0.0) as usize),
-        min_p: number(&body, "min_p")?.map_or(defaults.min_p, |v| v as f32),
-        presence_penalty: number(&body, "presence_penalty")?.map_or(0.0, |v| v as f32),
-        frequency_penalty: number(&body, "frequency_penalty")?.map_or(0.0, |v| v as f32),
-        repetition_penalty: number(&body, "repetition_penalty")?.map_or(1.0, |v| v as f32),
-        seed: match field(&body, "seed") {
-            None => None,
-            Some(v) => Some(v.as_i64().ok_or_else(|| ApiError::bad_request("'seed' must be an integer"))? as u64),
-        },
-    };
-    sampling.validate().map_err(ApiError::bad_request)?;
-    let stops = match field(&body, "stop") {
-        None => Vec::new(),
-        Some(Json::String(s)) => vec![s.clone()],
-        Some(Json::Array(a)) => a
-            .iter()
-            .map(|s| s.as_str().map(str::to_owned).ok_or_else(|| ApiError::bad_request("'stop' must hold strings")))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(ApiError::bad_request("'stop' must be a string or an array of strings")),
-    };
-    let flag = |name: &str, default: bool| -> Result<bool, ApiError> {
-        match field(&body, name) {
-            None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| ApiError::bad_request(format!("'{name}' must be a boolean"))),
-        }
-    };
-    let stream = flag("stream", false)?;
-    let include_usage =
-        field(&body, "stream_options").and_then(|o| o.get("include_usage")).and_then(Json::as_bool).unwrap_or(false);
+    let mut sampling = sampling(&body, &SamplingParams::default())?;
+    sampling.logprobs = logprobs_setting(&body)?;
+    let stops = stops(&body)?;
+    let stream = flag(&body, "stream", false)?;
+    let include_usage = include_usage(&body);
     let tools_enabled = chat.tools.as_ref().is_some_and(|t| !t.is_empty())
         && field(&body, "tool_choice").and_then(Json::as_str) != Some("none");
     let parser = ParserOptions {
@@ -114,17 +75,28 @@ fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
         tool_call_id_prefix: format!("call_{}_", unique_suffix()),
         tools_enabled,
     };
+    let cache = super::cache_report::CacheContext::new(
+        &state.template,
+        &state.tokenizer,
+        chat,
+        prompt_text,
+        prompt.clone(),
+        flag(&body, "cache_report", false)?,
+    );
     let request = GenerateRequest {
         prompt,
         sampling,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
-        use_cache: flag("cache_prompt", true)?,
+        use_cache: flag(&body, "cache_prompt", true)?,
+        constraint: super::constrain::chat_constraint(&body, state.output_format, &state.tokenizer)?,
     };
-    Ok(Prepared { request, stops, parser, stream, include_usage, id: format!("chatcmpl-{}", unique_suffix()) })
+    let id = format!("chatcmpl-{}", unique_suffix());
+    Ok(Prepared { request, stops, parser, stream, include_usage, id, cache: Some(cache) })
 }
 
-fn unique_suffix() -> String {
+/// A suffix that makes ids unique within this process and across restarts.
+pub(super) fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -132,43 +104,38 @@ fn unique_suffix() -> String {
     format!("{:x}{n:x}", t)
 }
 
-fn created() -> u64 {
+/// Seconds since the epoch, for `created`.
+pub(super) fn created() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn usage(prompt_tokens: usize, cached: usize, completion: usize) -> Json {
+/// OpenAI's `usage` object of a finished generation.
+pub(super) fn usage(generation: &Generation) -> Json {
+    let (prompt, completion) = (generation.prompt_tokens, generation.tokens.len());
     json!({
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": cached}
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": generation.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": generation.pipeline.reasoning_tokens}
     })
 }
 
-fn timings_json(t: &Timings) -> Json {
+/// llama.cpp's `timings` object.
+pub(super) fn timings_json(t: &Timings) -> Json {
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
+    let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
     json!({
         "cache_n": t.cache_n,
         "prompt_n": t.prompt_n,
         "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": per_token(t.prompt_n, t.prompt_ms),
         "prompt_per_second": rate(t.prompt_n, t.prompt_ms),
         "predicted_n": t.predicted_n,
         "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
         "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
     })
-}
-
-fn finish_reason(reason: FinishReason, stopped_by_string: bool, tool_calls: bool) -> &'static str {
-    if tool_calls {
-        "tool_calls"
-    } else if stopped_by_string {
-        "stop"
-    } else {
-        match reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
 }
 
 /// The delta object of one parse event.
@@ -184,50 +151,35 @@ fn delta(event: &ParseEvent) -> Json {
     }
 }
 
-struct Outcome {
-    events: Vec<ParseEvent>,
-    prompt_tokens: usize,
-    cached_tokens: usize,
-    completion_tokens: usize,
-    finish: &'static str,
-    timings: Timings,
+fn start(state: &ApiState, p: Prepared) -> (Generation, String, bool) {
+    let mut generation = Generation::start(&state.engine, Arc::clone(&state.tokenizer), p.request, p.stops, p.parser);
+    generation.cache_context = p.cache;
+    (generation, p.id, p.include_usage)
+}
+
+/// `logprobs` (bool) and `top_logprobs` (0 to 20 alternatives, only with `logprobs`).
+fn logprobs_setting(body: &Json) -> Result<Option<usize>, ApiError> {
+    match (flag(body, "logprobs", false)?, top_logprobs(body, "top_logprobs")?) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, None | Some(0)) => Ok(None),
+        (false, Some(_)) => Err(ApiError::bad_request("'top_logprobs' needs 'logprobs': true")),
+    }
+}
+
+/// The `logprobs` object of a choice for these tokens.
+fn chat_logprobs(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Json, ApiError> {
+    let content = lps.iter().map(|lp| text.logprobs_entry(lp, false)).collect::<Result<Vec<_>, _>>()?;
+    Ok(json!({"content": content}))
 }
 
 async fn complete(state: Arc<ApiState>, p: Prepared) -> Response {
-    let mut receiver = state.engine.submit(p.request.clone());
-    let mut pipeline = OutputPipeline::new(Arc::clone(&state.tokenizer), p.stops.clone(), p.parser.clone());
-    let mut out = Outcome {
-        events: Vec::new(),
-        prompt_tokens: p.request.prompt.len(),
-        cached_tokens: 0,
-        completion_tokens: 0,
-        finish: "stop",
-        timings: Timings::default(),
+    let wants_logprobs = p.request.sampling.logprobs.is_some();
+    let (mut generation, id, _) = start(&state, p);
+    let (events, ending, timings) = match generation.run().await {
+        Ok(done) => done,
+        Err(e) => return e.into_response(),
     };
-    loop {
-        match receiver.recv().await {
-            Some(EngineEvent::Started { cached_tokens, .. }) => out.cached_tokens = cached_tokens,
-            Some(EngineEvent::Token(token)) => {
-                out.completion_tokens += 1;
-                out.events.extend(pipeline.push(token));
-                if pipeline.stopped {
-                    out.events.extend(pipeline.finish());
-                    out.finish = finish_reason(FinishReason::Stop, true, pipeline.tool_calls);
-                    break;
-                }
-            }
-            Some(EngineEvent::Finished { reason, timings }) => {
-                out.events.extend(pipeline.finish());
-                out.finish = finish_reason(reason, false, pipeline.tool_calls);
-                out.timings = timings;
-                break;
-            }
-            Some(EngineEvent::Failed(message)) => return ApiError::internal(message).into_response(),
-            None => return ApiError::internal("the engine dropped the request").into_response(),
-        }
-    }
-    drop(receiver);
-    let message = ParsedMessage::from_events(out.events);
+    let message = ParsedMessage::from_events(events);
     let mut reply = json!({"role": "assistant", "content": message.content});
     if let Some(reasoning) = &message.reasoning_content {
         reply["reasoning_content"] = json!(reasoning);
@@ -242,99 +194,123 @@ async fn complete(state: Arc<ApiState>, p: Prepared) -> Response {
             .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
             .collect();
     }
-    if out.timings.cache_n == 0 {
-        out.timings.cache_n = out.cached_tokens;
-    }
-    axum::Json(json!({
-        "id": p.id,
+    let finish = ending.finish_reason(generation.pipeline.tool_calls);
+    let logprobs = match wants_logprobs {
+        true => match chat_logprobs(&mut TokenText::new(Arc::clone(&state.tokenizer)), &generation.logprobs) {
+            Ok(l) => l,
+            Err(e) => return e.into_response(),
+        },
+        false => Json::Null,
+    };
+    let mut body = json!({
+        "id": id,
         "object": "chat.completion",
         "created": created(),
         "model": state.model_name,
-        "choices": [{"index": 0, "message": reply, "logprobs": null, "finish_reason": out.finish}],
-        "usage": usage(out.prompt_tokens, out.cached_tokens, out.completion_tokens),
-        "timings": timings_json(&out.timings),
-    }))
-    .into_response()
+        "choices": [{"index": 0, "message": reply, "logprobs": logprobs, "finish_reason": finish}],
+        "usage": usage(&generation),
+        "timings": timings_json(&timings),
+    });
+    super::cache_report::attach(&mut body, generation.cache.as_ref());
+    let mut response = axum::Json(body).into_response();
+    super::cache_report::set_header(&mut response, generation.cache.as_ref());
+    response
+}
+
+/// An SSE response fed by a channel, with keep-alive comments so that clients with a read
+/// timeout wait through a long prefill.
+pub(super) fn sse_response(rx: tokio::sync::mpsc::Receiver<Event>) -> impl IntoResponse {
+    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (Ok::<_, Infallible>(event), rx))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keep-alive"))
+}
+
+/// The next piece of a streamed generation, or `None` once it is over: ended, or failed (the
+/// error then goes to the client as a `data:` event).
+pub(super) async fn next_piece(generation: &mut Generation, tx: &tokio::sync::mpsc::Sender<Event>) -> Option<Piece> {
+    match generation.next().await {
+        Ok(piece) => piece,
+        Err(e) => {
+            let _ = send_json(tx, &e.body()).await;
+            None
+        }
+    }
+}
+
+/// Sends one JSON `data:` event; false once the client is gone.
+pub(super) async fn send_json(tx: &tokio::sync::mpsc::Sender<Event>, value: &Json) -> bool {
+    tx.send(Event::default().data(value.to_string())).await.is_ok()
 }
 
 fn stream(state: Arc<ApiState>, p: Prepared) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let wants_logprobs = p.request.sampling.logprobs.is_some();
     tokio::spawn(async move {
-        let mut receiver = state.engine.submit(p.request.clone());
-        let mut pipeline = OutputPipeline::new(Arc::clone(&state.tokenizer), p.stops.clone(), p.parser.clone());
+        let (mut generation, id, include_usage) = start(&state, p);
+        let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
+        // Log-probabilities go with the next chunk sent after their token (a token whose text is
+        // held back has none of its own).
+        let mut logprobs_sent = 0;
+        let mut with_logprobs = |mut chunk: Json, generation: &Generation| -> Result<Json, ApiError> {
+            if wants_logprobs && logprobs_sent < generation.logprobs.len() {
+                chunk["choices"][0]["logprobs"] =
+                    chat_logprobs(&mut token_text, &generation.logprobs[logprobs_sent..])?;
+                logprobs_sent = generation.logprobs.len();
+            }
+            Ok(chunk)
+        };
         let created = created();
         let chunk = |delta: Json, finish: Option<&str>| {
             json!({
-                "id": p.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
             })
         };
-        let send = |value: Json| {
-            let tx = tx.clone();
-            async move { tx.send(Event::default().data(value.to_string())).await.is_ok() }
-        };
-        if !send(chunk(json!({"role": "assistant", "content": ""}), None)).await {
+        if !send_json(&tx, &chunk(json!({"role": "assistant", "content": ""}), None)).await {
             return;
         }
-        let (mut cached, mut completion) = (0, 0);
-        let prompt_tokens = p.request.prompt.len();
-        let (finish, timings) = loop {
-            let (events, end) = match receiver.recv().await {
-                Some(EngineEvent::Started { cached_tokens, .. }) => {
-                    cached = cached_tokens;
-                    continue;
-                }
-                Some(EngineEvent::Token(token)) => {
-                    completion += 1;
-                    let mut events = pipeline.push(token);
-                    if pipeline.stopped {
-                        events.extend(pipeline.finish());
-                        (events, Some((finish_reason(FinishReason::Stop, true, pipeline.tool_calls), None)))
-                    } else {
-                        (events, None)
+        let (ending, timings) = loop {
+            let Some(piece) = next_piece(&mut generation, &tx).await else { return };
+            for event in &piece.events {
+                let sent = match with_logprobs(chunk(delta(event), None), &generation) {
+                    Ok(c) => send_json(&tx, &c).await,
+                    Err(e) => {
+                        let _ = send_json(&tx, &e.body()).await;
+                        false
                     }
-                }
-                Some(EngineEvent::Finished { reason, timings }) => {
-                    let events = pipeline.finish();
-                    (events, Some((finish_reason(reason, false, pipeline.tool_calls), Some(timings))))
-                }
-                Some(EngineEvent::Failed(message)) => {
-                    let _ = tx.send(Event::default().data(ApiError::internal(message).body().to_string())).await;
-                    return;
-                }
-                None => return,
-            };
-            for event in &events {
-                if !send(chunk(delta(event), None)).await {
+                };
+                if !sent {
                     return;
                 }
             }
-            if let Some(end) = end {
+            if let Some(end) = piece.end {
                 break end;
             }
         };
-        // A stop string ends the output here: dropping the receiver aborts the sequence.
-        drop(receiver);
-        let mut last = chunk(json!({}), Some(finish));
-        if let Some(t) = timings {
-            last["timings"] = timings_json(&t);
-        }
-        if !send(last).await {
+        let last = chunk(json!({}), Some(ending.finish_reason(generation.pipeline.tool_calls)));
+        let mut last = match with_logprobs(last, &generation) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = send_json(&tx, &e.body()).await;
+                return;
+            }
+        };
+        last["timings"] = timings_json(&timings);
+        super::cache_report::attach(&mut last, generation.cache.as_ref());
+        if !send_json(&tx, &last).await {
             return;
         }
-        if p.include_usage {
+        if include_usage {
             let usage_chunk = json!({
-                "id": p.id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
-                "choices": [], "usage": usage(prompt_tokens, cached, completion)
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+                "choices": [], "usage": usage(&generation)
             });
-            if !send(usage_chunk).await {
+            if !send_json(&tx, &usage_chunk).await {
                 return;
             }
         }
         let _ = tx.send(Event::default().data("[DONE]")).await;
     });
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (Ok::<_, Infallible>(event), rx))
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keep-alive"))
+    sse_response(rx)
 }

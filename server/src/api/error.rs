@@ -33,6 +33,33 @@ impl ApiError {
         }
     }
 
+    /// 401: no API key or a wrong one.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "Invalid API key: pass it as `Authorization: Bearer <key>` or `x-api-key: <key>`".into(),
+            kind: "authentication_error",
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// 503: the server cannot take the request now (loading, or its queue is full).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "unavailable_error",
+            code: None,
+        }
+    }
+
+    /// Any status with a client-error type, for rejections made outside the handlers (413, 404,
+    /// 405, 415).
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
+        ApiError { status, message: message.into(), kind, code: None }
+    }
+
     /// Sets the code.
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);

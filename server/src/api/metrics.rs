@@ -1,12 +1,139 @@
 //! `GET /metrics` (Prometheus text format) and `GET /v1/cache` (the prefix cache report).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
 
 use super::ApiState;
+use crate::engine::Histogram;
 
-/// The routes of this module (filled in by its owner).
+/// Prompts shown in `/v1/cache`'s `top_prefixes`.
+const TOP_PREFIXES: usize = 10;
+/// Tokens of each shown prompt's head.
+const HEAD_TOKENS: usize = 24;
+
+/// HTTP requests answered, by route and status.
+#[derive(Debug, Default)]
+pub struct HttpMetrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+}
+
+impl HttpMetrics {
+    fn count(&self, endpoint: &str, status: u16) {
+        let mut requests = self.requests.lock().expect("metrics lock is never poisoned");
+        *requests.entry((endpoint.to_owned(), status)).or_default() += 1;
+    }
+}
+
+/// Counts every answered request by its route pattern (never the raw path, which a client could
+/// vary without end) and status.
+pub(super) async fn count_requests(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+    let endpoint = request.extensions().get::<MatchedPath>().map_or("other", |p| p.as_str()).to_owned();
+    let response = next.run(request).await;
+    state.http_metrics.count(&endpoint, response.status().as_u16());
+    response
+}
+
+/// The routes of this module.
 pub(super) fn routes() -> Router<Arc<ApiState>> {
-    Router::new()
+    Router::new().route("/metrics", get(metrics)).route("/v1/cache", get(cache))
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (bound, count) in h.bounds.iter().zip(&h.counts) {
+        cumulative += count;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", h.sum, h.count);
+}
+
+fn scalar(out: &mut String, kind: &str, name: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+}
+
+fn hit_ratio(cached: u64, prompt: u64) -> f64 {
+    if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 }
+}
+
+async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
+    let m = state.engine.metrics();
+    let s = state.engine.stats();
+    let mut out = String::new();
+    let name = "radix_serve_http_requests_total";
+    let _ = writeln!(out, "# HELP {name} HTTP requests answered, by route and status.\n# TYPE {name} counter");
+    for ((endpoint, status), n) in state.http_metrics.requests.lock().expect("metrics lock is never poisoned").iter() {
+        let endpoint = endpoint.replace('\\', "\\\\").replace('"', "\\\"");
+        let _ = writeln!(out, "{name}{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+    }
+    let counters = [
+        ("radix_serve_requests_admitted_total", "Requests admitted by the engine.", m.requests_admitted),
+        ("radix_serve_prompt_tokens_total", "Prompt tokens of admitted requests.", m.prompt_tokens),
+        ("radix_serve_cached_tokens_total", "Prompt tokens found in the prefix cache.", m.cached_tokens),
+        ("radix_serve_prefill_tokens_total", "Prompt tokens computed (not found in the cache).", m.prefill_tokens),
+        ("radix_serve_generated_tokens_total", "Tokens generated.", m.generated_tokens),
+        ("radix_serve_cache_evicted_pages_total", "KV pages evicted from the prefix cache.", m.evicted_pages),
+        ("radix_serve_cache_evicted_tokens_total", "Tokens of the KV pages evicted.", m.evicted_tokens),
+    ];
+    for (name, help, value) in counters {
+        scalar(&mut out, "counter", name, help, value);
+    }
+    let ratio = hit_ratio(m.cached_tokens, m.prompt_tokens);
+    scalar(&mut out, "gauge", "radix_serve_cache_hit_ratio", "Cached over prompt tokens since start.", ratio);
+    let gauges = [
+        ("radix_serve_kv_pages_total", "KV pages in the pool.", s.pages_total),
+        ("radix_serve_kv_pages_used", "KV pages not free (running sequences and cache).", s.pages_total - s.pages_free),
+        ("radix_serve_kv_pages_free", "Free KV pages.", s.pages_free),
+        ("radix_serve_kv_pages_cached", "KV pages held by the prefix cache.", s.pages_cached),
+        ("radix_serve_kv_page_size_tokens", "Tokens per KV page.", s.page_size),
+        ("radix_serve_sequences_running", "Sequences running.", s.running),
+        ("radix_serve_sequences_waiting", "Requests waiting for admission.", state.engine.queued()),
+    ];
+    for (name, help, value) in gauges {
+        scalar(&mut out, "gauge", name, help, value);
+    }
+    let ttft = "Seconds from submission to the first token.";
+    histogram(&mut out, "radix_serve_time_to_first_token_seconds", ttft, &m.time_to_first_token);
+    let tpot = "Mean seconds between output tokens, per request.";
+    histogram(&mut out, "radix_serve_time_per_output_token_seconds", tpot, &m.time_per_output_token);
+    let queue = "Seconds from submission to admission.";
+    histogram(&mut out, "radix_serve_queue_time_seconds", queue, &m.queue_time);
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+async fn cache(State(state): State<Arc<ApiState>>) -> Response {
+    let m = state.engine.metrics();
+    let s = state.engine.stats();
+    let prefixes = state.engine.recent_prefixes().await.unwrap_or_default();
+    let top: Vec<_> = prefixes
+        .iter()
+        .take(TOP_PREFIXES)
+        .map(|p| {
+            let head = state.tokenizer.decode(&p.tokens[..p.tokens.len().min(HEAD_TOKENS)], false).unwrap_or_default();
+            json!({"tokens": p.tokens.len(), "uses": p.uses, "head": head})
+        })
+        .collect();
+    axum::Json(json!({
+        "page_size": s.page_size,
+        "pages_total": s.pages_total,
+        "pages_cached": s.pages_cached,
+        "tokens_cached": s.pages_cached * s.page_size,
+        "hit_ratio": hit_ratio(m.cached_tokens, m.prompt_tokens),
+        "prompt_tokens": m.prompt_tokens,
+        "cached_tokens": m.cached_tokens,
+        "evicted_pages": m.evicted_pages,
+        "evicted_tokens": m.evicted_tokens,
+        "top_prefixes": top,
+    }))
+    .into_response()
 }

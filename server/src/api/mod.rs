@@ -1,10 +1,17 @@
 //! The HTTP API (axum): OpenAI chat completions (streaming and not), models, health.
 
 mod anthropic;
+mod anthropic_convert;
+mod auth;
+mod cache_report;
 mod chat;
+mod completion_params;
 mod completions;
+mod constrain;
 mod error;
+mod limits;
 mod llama;
+mod llama_meta;
 mod metrics;
 mod output;
 
@@ -12,6 +19,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::parse::OutputFormat;
@@ -19,7 +27,10 @@ use radix_templates::prepare::PreparedTemplate;
 use serde_json::json;
 
 use crate::engine::EngineHandle;
+pub use auth::ApiKeys;
 pub use error::ApiError;
+pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
+pub use metrics::HttpMetrics;
 
 /// What every handler shares.
 pub struct ApiState {
@@ -37,6 +48,16 @@ pub struct ApiState {
     pub model_name: String,
     /// Longest context of one sequence.
     pub context_length: usize,
+    /// The model file or directory as loaded (llama.cpp's `/props` `model_path`).
+    pub model_path: String,
+    /// Most sequences running at once (`--parallel`; llama.cpp's slot count).
+    pub total_slots: usize,
+    /// Keys every route but `/health` requires (`--api-key`, `--api-key-file`); none: open.
+    pub api_keys: ApiKeys,
+    /// Most requests waiting for admission before generation routes answer 503 (`--max-queue`).
+    pub max_queue: usize,
+    /// Requests answered, by route and status (`/metrics`).
+    pub http_metrics: HttpMetrics,
 }
 
 /// The router with every route.
@@ -49,8 +70,15 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .merge(llama::routes())
         .merge(anthropic::routes())
         .merge(metrics::routes())
+        // Layers run outermost last-added: count, make errors JSON, check the key, read the
+        // body within limits, then refuse generation when the queue is full.
+        .layer(from_fn_with_state(Arc::clone(&state), limits::limit_queue))
+        .layer(from_fn(limits::read_body))
+        .layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
+        .layer(from_fn(limits::json_errors))
+        .layer(from_fn_with_state(Arc::clone(&state), metrics::count_requests))
         .with_state(state)
-        .layer(axum::extract::DefaultBodyLimit::max(32 << 20))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
 async fn models(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Value> {

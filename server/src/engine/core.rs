@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 use radix_models::{ForwardBatch, KvPool, Model};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
+use super::metrics::EngineMetrics;
 use super::pages::PageAllocator;
 use super::radix::RadixCache;
-use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings};
+use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings, TokenLogprobs};
 use super::sequence::Sequence;
 
 /// Scheduling limits.
@@ -59,7 +61,14 @@ pub struct EngineCore {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     config: EngineConfig,
+    /// Recently computed sequences, to explain cache misses.
+    recent: RecentSequences,
+    metrics: EngineMetrics,
 }
+
+/// How many computed sequences are remembered to explain cache misses: enough for a few
+/// concurrent agent sessions with their subagents.
+const RECENT_SEQUENCES: usize = 32;
 
 impl EngineCore {
     /// An engine over `model` with the given KV pool.
@@ -74,6 +83,8 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: Vec::new(),
             config,
+            recent: RecentSequences::new(RECENT_SEQUENCES),
+            metrics: EngineMetrics::default(),
         }
     }
 
@@ -159,6 +170,15 @@ impl EngineCore {
                 }
             };
             row += 1;
+            // Logprobs are the model's distribution, before masks and penalties change the row.
+            let raw_logits = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
+            if let Some(constraint) = seq.request.constraint.as_mut()
+                && let Err(e) = constraint.mask_logits(&mut logits_row, &seq.request.stop_tokens)
+            {
+                let _ = seq.events.send(EngineEvent::Failed(e));
+                done.push((index, None));
+                continue;
+            }
             let token = seq.sampler.sample(&mut logits_row);
             seq.sampler.accept(token);
             seq.first_token.get_or_insert_with(Instant::now);
@@ -166,9 +186,25 @@ impl EngineCore {
                 done.push((index, Some(FinishReason::Stop)));
                 continue;
             }
+            // A complete grammar ends the reply right after its last token.
+            let accepted = seq.request.constraint.as_mut().map(|c| c.accept(token).map(|()| c.is_finished()));
+            let grammar_done = match accepted {
+                Some(Err(e)) => {
+                    let _ = seq.events.send(EngineEvent::Failed(e));
+                    done.push((index, None));
+                    continue;
+                }
+                Some(Ok(finished)) => finished,
+                None => false,
+            };
             seq.tokens.push(token);
+            if let Some((raw, top)) = raw_logits {
+                let _ = seq.events.send(EngineEvent::Logprobs(TokenLogprobs::from_logits(&raw, token, top)));
+            }
             if seq.events.send(EngineEvent::Token(token)).is_err() {
                 done.push((index, None));
+            } else if grammar_done {
+                done.push((index, Some(FinishReason::Stop)));
             } else if seq.generated() >= seq.request.max_tokens || seq.tokens.len() >= self.config.max_context {
                 done.push((index, Some(FinishReason::Length)));
             }
@@ -225,12 +261,41 @@ impl EngineCore {
                 self.waiting.insert(index, seq);
                 break;
             }
-            let _ = seq
-                .events
-                .send(EngineEvent::Started { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens });
-            seq.admitted = Some(Instant::now());
+            let report = self.cache_report(&seq);
+            let _ = seq.events.send(EngineEvent::Started {
+                prompt_tokens: seq.prompt_len,
+                cached_tokens: seq.cached_tokens,
+                report: Box::new(report),
+            });
+            let now = Instant::now();
+            seq.admitted = Some(now);
+            self.metrics.requests_admitted += 1;
+            self.metrics.prompt_tokens += seq.prompt_len as u64;
+            self.metrics.cached_tokens += seq.cached_tokens as u64;
+            self.metrics.prefill_tokens += (seq.prompt_len - seq.cached_tokens) as u64;
+            self.metrics.queue_time.observe(now.duration_since(seq.arrived));
             self.running.push(seq);
         }
+    }
+
+    /// Compares an admitted prompt with the recently computed sequences (DESIGN.md §2: the
+    /// previous version of a conversation should be a cached prefix of the next).
+    fn cache_report(&mut self, seq: &Sequence) -> CacheReport {
+        let prompt = &seq.tokens[..seq.prompt_len];
+        let p = self.pool.page_size();
+        let previous = self.recent.most_similar(prompt, p);
+        let cache_on = self.config.prefix_cache && seq.request.use_cache;
+        CacheReport::judge(prompt, seq.cached_tokens, cache_on, p, previous)
+    }
+
+    /// Recently computed sequences, most reused first (for `/v1/cache`).
+    pub fn recent_prefixes(&self) -> Vec<RecentPrefix> {
+        self.recent.by_use()
+    }
+
+    /// Counters and histograms since start-up.
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
     }
 
     /// Puts a sequence's just-prefilled prompt into the tree while it keeps running, so that
@@ -303,6 +368,8 @@ impl EngineCore {
     fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if self.alloc.free_pages() < n {
             let freed = self.tree.evict(n - self.alloc.free_pages());
+            self.metrics.evicted_pages += freed.len() as u64;
+            self.metrics.evicted_tokens += (freed.len() * self.pool.page_size()) as u64;
             self.alloc.release(freed);
         }
         self.alloc.allocate(n)
@@ -364,6 +431,14 @@ impl EngineCore {
                 predicted_n: seq.generated(),
                 predicted_ms: now.duration_since(first).as_secs_f64() * 1e3,
             };
+            if let Some(first) = seq.first_token {
+                self.metrics.time_to_first_token.observe(first.duration_since(seq.arrived));
+                if seq.generated() > 1 {
+                    self.metrics
+                        .time_per_output_token
+                        .observe(now.duration_since(first) / (seq.generated() as u32 - 1));
+                }
+            }
             let _ = seq.events.send(EngineEvent::Finished { reason, timings });
         }
         self.release(seq);
@@ -373,6 +448,8 @@ impl EngineCore {
     /// of a conversation hits), frees pages the tree does not take, and unlocks its prefix.
     fn release(&mut self, seq: Sequence) {
         let p = self.pool.page_size();
+        self.metrics.generated_tokens += seq.generated() as u64;
+        self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len);
         let kept = if self.config.prefix_cache && seq.request.use_cache {
             let inserted = self.tree.insert(&seq.tokens[..seq.computed], &seq.pages);
             self.alloc.release(inserted.duplicate_pages);

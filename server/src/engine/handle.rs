@@ -1,44 +1,62 @@
 //! The engine thread and the handle the HTTP side talks to it through (DESIGN.md §1): the
 //! engine never awaits network I/O, and the HTTP side never touches tensors.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::cache_report::RecentPrefix;
 use super::core::{EngineCore, EngineStats};
+use super::metrics::EngineMetrics;
 use super::request::{EngineEvent, GenerateRequest};
 
 enum Command {
     Generate(GenerateRequest, UnboundedSender<EngineEvent>),
     FlushCache,
+    RecentPrefixes(tokio::sync::oneshot::Sender<Vec<RecentPrefix>>),
+}
+
+/// What the engine thread publishes after every step.
+struct Shared {
+    stats: Mutex<EngineStats>,
+    metrics: Mutex<EngineMetrics>,
+    /// Requests sent but not yet taken in by the engine thread (it is busy with a step).
+    in_flight: AtomicUsize,
 }
 
 /// A cloneable handle to the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: Sender<Command>,
-    stats: Arc<Mutex<EngineStats>>,
+    shared: Arc<Shared>,
 }
 
 impl EngineHandle {
     /// Starts the engine thread.
     pub fn start(core: EngineCore) -> Self {
         let (commands, inbox) = channel();
-        let stats = Arc::new(Mutex::new(core.stats()));
-        let shared = Arc::clone(&stats);
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(core.stats()),
+            metrics: Mutex::new(core.metrics().clone()),
+            in_flight: AtomicUsize::new(0),
+        });
+        let published = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("radix-engine".into())
-            .spawn(move || run(core, inbox, shared))
+            .spawn(move || run(core, inbox, published))
             .expect("the engine thread starts");
-        EngineHandle { commands, stats }
+        EngineHandle { commands, shared }
     }
 
     /// Submits a request; its events arrive on the returned receiver. Dropping the receiver
     /// aborts the request at the next step and frees its pages.
     pub fn submit(&self, request: GenerateRequest) -> UnboundedReceiver<EngineEvent> {
         let (events, receiver) = unbounded_channel();
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         if self.commands.send(Command::Generate(request, events.clone())).is_err() {
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             let _ = events.send(EngineEvent::Failed("the engine has stopped".into()));
         }
         receiver
@@ -51,16 +69,40 @@ impl EngineHandle {
 
     /// The latest counts (updated after every step).
     pub fn stats(&self) -> EngineStats {
-        *self.stats.lock().expect("stats lock is never poisoned")
+        *self.shared.stats.lock().expect("stats lock is never poisoned")
+    }
+
+    /// Requests waiting for admission, including those sent while the engine was busy with a
+    /// step (`stats().waiting` only counts those it has taken in).
+    pub fn queued(&self) -> usize {
+        self.stats().waiting + self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counters and histograms since start-up (updated after every step).
+    pub fn metrics(&self) -> EngineMetrics {
+        self.shared.metrics.lock().expect("metrics lock is never poisoned").clone()
+    }
+
+    /// Recently computed sequences, most reused first; `None` if the engine has stopped.
+    pub async fn recent_prefixes(&self) -> Option<Vec<RecentPrefix>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::RecentPrefixes(reply)).ok()?;
+        answer.await.ok()
     }
 }
 
-fn run(mut core: EngineCore, inbox: Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
     let mut flush_pending = false;
     loop {
         let mut handle = |command: Command, core: &mut EngineCore| match command {
-            Command::Generate(request, events) => core.add(request, events),
+            Command::Generate(request, events) => {
+                core.add(request, events);
+                shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            }
             Command::FlushCache => flush_pending = true,
+            Command::RecentPrefixes(reply) => {
+                let _ = reply.send(core.recent_prefixes());
+            }
         };
         if core.idle() {
             match inbox.recv() {
@@ -76,6 +118,7 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, stats: Arc<Mutex<EngineSt
             core.flush_cache();
             flush_pending = false;
         }
-        *stats.lock().expect("stats lock is never poisoned") = core.stats();
+        *shared.stats.lock().expect("stats lock is never poisoned") = core.stats();
+        *shared.metrics.lock().expect("metrics lock is never poisoned") = core.metrics().clone();
     }
 }

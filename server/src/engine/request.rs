@@ -1,5 +1,7 @@
 //! What the HTTP side hands the engine, and what the engine sends back per request.
 
+use super::cache_report::CacheReport;
+use super::constraint::Constraint;
 use super::sampler::SamplingParams;
 
 /// A generation request, already tokenized.
@@ -15,6 +17,9 @@ pub struct GenerateRequest {
     pub stop_tokens: Vec<u32>,
     /// Reuse and extend the prefix cache (llama.cpp's `cache_prompt`; off gives a cold prefill).
     pub use_cache: bool,
+    /// A grammar the output must follow (tool_choice, response_format); `None` is free text.
+    /// The sequence stops by itself once the grammar is complete.
+    pub constraint: Option<Constraint>,
 }
 
 /// Why a sequence ended.
@@ -50,7 +55,12 @@ pub enum EngineEvent {
         prompt_tokens: usize,
         /// Of which found in the prefix cache.
         cached_tokens: usize,
+        /// Where and why reuse stopped early, judged on tokens (boxed: most events are tokens).
+        report: Box<CacheReport>,
     },
+    /// Log-probabilities of the token that follows, sent just before its `Token` when the
+    /// request's sampling asks for them.
+    Logprobs(TokenLogprobs),
     /// One generated token.
     Token(u32),
     /// Generation ended.
@@ -62,4 +72,51 @@ pub enum EngineEvent {
     },
     /// The request could not be served.
     Failed(String),
+}
+
+/// A generated token's log-probability and the most likely alternatives at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The generated token.
+    pub token: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// From one position's raw logits (a log-softmax over the whole vocabulary).
+    pub fn from_logits(logits: &[f32], token: u32, top: usize) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+        let log_total = max + sum.ln() as f32;
+        let logprob = |id: u32| logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| l - log_total);
+        let mut best: Vec<u32> = (0..logits.len() as u32).collect();
+        let top = top.min(best.len());
+        if top > 0 && top < best.len() {
+            best.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        }
+        best.truncate(top);
+        best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        TokenLogprobs { token, logprob: logprob(token), top: best.into_iter().map(|id| (id, logprob(id))).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenLogprobs;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_first() {
+        let logits = [1.0f32, 3.0, 2.0, 0.0];
+        let lp = TokenLogprobs::from_logits(&logits, 2, 2);
+        let total: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((lp.logprob - (2.0f32.exp() / total).ln()).abs() < 1e-5);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((lp.top[1].1 - lp.logprob).abs() < 1e-6);
+        let probs: f32 = (0..4).map(|t| TokenLogprobs::from_logits(&logits, t, 0).logprob.exp()).sum();
+        assert!((probs - 1.0).abs() < 1e-5);
+        assert!(TokenLogprobs::from_logits(&logits, 0, 10).top.len() == 4);
+    }
 }

@@ -22,6 +22,10 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the random draw; `None` draws one.
     pub seed: Option<u64>,
+    /// Report each generated token's log-probability with this many most likely alternatives
+    /// (OpenAI's `top_logprobs`, llama.cpp's `n_probs`), taken from the model's own
+    /// distribution before penalties and masks; `None` reports nothing.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -35,6 +39,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: None,
+            logprobs: None,
         }
     }
 }
@@ -133,7 +138,18 @@ impl Sampler {
         let p = &self.params;
         let candidates = &mut self.scratch;
         candidates.clear();
-        candidates.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        // Tokens a grammar ruled out (negative infinity) must not come back through the rounding
+        // fallback of the draw below, so they never become candidates.
+        candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| **l > f32::NEG_INFINITY)
+                .map(|(i, &l)| (i as u32, l / p.temperature)),
+        );
+        if candidates.is_empty() {
+            return argmax(logits);
+        }
         candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
         if p.top_k > 0 {
             candidates.truncate(p.top_k);
@@ -247,6 +263,27 @@ mod tests {
         s.sample(&mut logits);
         // token 0: in prompt, 4/2; token 1: generated twice, 4/2 - 1 - 0.5*2.
         assert_eq!(logits, [2.0, 0.0, -1.0]);
+    }
+
+    #[test]
+    fn masked_tokens_are_never_drawn_whatever_the_settings() {
+        // Only 3 and 7 allowed, with the masked tokens much more likely before masking.
+        let mut logits: Vec<f32> = (0..10).map(|i| if i == 3 || i == 7 { -5.0 } else { f32::NEG_INFINITY }).collect();
+        logits[3] = -9.0;
+        for p in [
+            params(1.0),
+            params(2.0),
+            SamplingParams { top_k: 5, ..params(1.5) },
+            SamplingParams { top_p: 0.999, ..params(2.0) },
+            SamplingParams { min_p: 0.01, repetition_penalty: 1.3, presence_penalty: 2.0, ..params(2.0) },
+        ] {
+            let mut s = Sampler::new(p, &[3, 4]);
+            s.accept(7);
+            let drawn: std::collections::HashSet<u32> = (0..300).map(|_| s.sample(&mut logits.clone())).collect();
+            assert!(drawn.iter().all(|t| *t == 3 || *t == 7), "{drawn:?}");
+        }
+        let mut s = Sampler::new(params(0.0), &[]);
+        assert_eq!(s.sample(&mut logits.clone()), 7);
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 
+// Not every test file needs it.
+#[allow(unused_imports)]
 pub use radix_e2e::workspace_root;
 
 /// The binary that `cargo build -p radix-serve` made next to the test executable.
@@ -70,7 +72,12 @@ impl Server {
 
     /// Streams a chat request and returns every `data:` payload in order.
     pub fn stream(&self, body: &Json) -> Vec<String> {
-        let response = ureq::post(&format!("{}/v1/chat/completions", self.base))
+        self.stream_at("/v1/chat/completions", body)
+    }
+
+    /// Streams a request to any SSE endpoint and returns every `data:` payload in order.
+    pub fn stream_at(&self, path: &str, body: &Json) -> Vec<String> {
+        let response = ureq::post(&format!("{}{path}", self.base))
             .timeout(Duration::from_secs(600))
             .send_json(body)
             .expect("streaming request accepted");
@@ -95,6 +102,57 @@ impl Server {
             assert!(Instant::now() < deadline, "engine never went idle without leaks: {engine}");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+impl Server {
+    /// Starts the server like [`Server::start`], polling `/health` from the moment the socket is
+    /// bound (the server says so before it loads the model) until it is ready. Returns the
+    /// server and every `/health` answer seen while it loaded, in order.
+    pub fn start_watching_health(extra: &[&str]) -> (Server, Vec<(u16, Json)>) {
+        let model = asset("smollm2");
+        let mut child = Command::new(binary())
+            .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("radix-serve starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[server] {line}");
+                if let Some(url) =
+                    line.split(" on ").nth(1).and_then(|rest| rest.split(" while the model loads").next())
+                    && line.contains("while the model loads")
+                {
+                    let _ = tx.send((false, url.trim().to_owned()));
+                }
+                if let Some(url) = line.split("listening on ").nth(1) {
+                    let _ = tx.send((true, url.trim().to_owned()));
+                }
+            }
+        });
+        let timeout = Duration::from_secs(180);
+        let (ready, base) = rx.recv_timeout(timeout).expect("the server reports its address");
+        let mut seen = Vec::new();
+        if !ready {
+            let deadline = Instant::now() + timeout;
+            loop {
+                if rx.try_recv().is_ok() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the server never became ready");
+                match ureq::get(&format!("{base}/health")).timeout(Duration::from_secs(5)).call() {
+                    Ok(r) => seen.push((r.status(), r.into_json().unwrap_or(Json::Null))),
+                    Err(ureq::Error::Status(code, r)) => seen.push((code, r.into_json().unwrap_or(Json::Null))),
+                    Err(e) => panic!("GET /health while loading: {e}"),
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        (Server { child, base }, seen)
     }
 }
 

@@ -1,0 +1,111 @@
+//! API keys (`--api-key`, `--api-key-file`, as llama-server names them): every route but
+//! `/health` wants one, as `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
+//! (Anthropic clients).
+
+use std::path::Path;
+
+use anyhow::Context;
+use axum::http::HeaderMap;
+
+/// The accepted keys; none means the server is open.
+#[derive(Clone, Default)]
+pub struct ApiKeys {
+    keys: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    // Keys are secrets: never print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} keys)", self.keys.len())
+    }
+}
+
+impl ApiKeys {
+    /// Keys from `--api-key` (comma-separated, as llama-server takes them) and from a file with
+    /// one key per line (blank lines and `#` comments skipped).
+    pub fn load(flag: Option<&str>, file: Option<&Path>) -> anyhow::Result<Self> {
+        let mut keys: Vec<String> = flag.into_iter().flat_map(|k| k.split(',')).map(str::to_owned).collect();
+        if let Some(file) = file {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the API key file {}", file.display()))?;
+            keys.extend(text.lines().map(str::to_owned).filter(|l| !l.starts_with('#')));
+        }
+        let keys: Vec<Vec<u8>> =
+            keys.iter().map(|k| k.trim()).filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect();
+        if file.is_some() && keys.is_empty() {
+            anyhow::bail!("the API key file has no key");
+        }
+        Ok(ApiKeys { keys })
+    }
+
+    /// Whether any key is required.
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Whether the request carries an accepted key. Every key is compared in full, in time that
+    /// depends only on the lengths, so response timing does not reveal how much of a key was right.
+    pub fn accepts(&self, headers: &HeaderMap) -> bool {
+        if !self.enabled() {
+            return true;
+        }
+        let bearer = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+        let mut ok = false;
+        for given in [bearer, x_api_key].into_iter().flatten() {
+            for key in &self.keys {
+                ok |= constant_time_eq(given.as_bytes(), key);
+            }
+        }
+        ok
+    }
+}
+
+/// Equality whose running time depends on the lengths only, not on where the bytes differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= u64::from(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn keys_are_checked_from_either_header() {
+        let keys = ApiKeys::load(Some("k1,k2"), None).unwrap();
+        assert!(keys.accepts(&headers(&[("authorization", "Bearer k2")])));
+        assert!(keys.accepts(&headers(&[("x-api-key", "k1")])));
+        assert!(!keys.accepts(&headers(&[("authorization", "Bearer k3")])));
+        assert!(!keys.accepts(&headers(&[("authorization", "Bearer k")])));
+        assert!(!keys.accepts(&headers(&[("authorization", "k1")])));
+        assert!(!keys.accepts(&HeaderMap::new()));
+        assert!(ApiKeys::default().accepts(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

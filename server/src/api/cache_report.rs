@@ -1,0 +1,325 @@
+//! The per-request cache report (DESIGN.md §2): how much of the prompt was cached and, when
+//! reuse stopped before the end of the previous version of the conversation, where (token, part
+//! of the conversation, text on each side) and why.
+//!
+//! The engine judges on tokens alone ([`CacheReport`]); here, where the messages are known,
+//! the divergence is placed in a part of the conversation and `changed_content` is told apart
+//! from `rerendered_history` (the same message rendered to different text).
+
+use std::sync::Arc;
+
+use radix_models::tokenizer::Tokenizer;
+use radix_templates::ChatRequest;
+use radix_templates::prepare::PreparedTemplate;
+use serde_json::{Value as Json, json};
+
+use crate::engine::{CacheReport, MissReason};
+
+/// Tokens of context shown on each side of a divergence.
+const CONTEXT_TOKENS: usize = 8;
+
+/// What the chat path knows about a prompt, to explain a miss in terms of messages.
+pub(crate) struct CacheContext {
+    template: PreparedTemplate,
+    tokenizer: Arc<Tokenizer>,
+    chat: ChatRequest,
+    prompt_text: String,
+    prompt: Vec<u32>,
+    /// The client asked for the report in the response (`"cache_report": true`).
+    pub(crate) wanted: bool,
+}
+
+impl CacheContext {
+    /// The context of a chat prompt rendered from `chat` to `prompt_text`, tokenized to `prompt`.
+    pub(crate) fn new(
+        template: &PreparedTemplate,
+        tokenizer: &Arc<Tokenizer>,
+        chat: ChatRequest,
+        prompt_text: String,
+        prompt: Vec<u32>,
+        wanted: bool,
+    ) -> Self {
+        CacheContext { template: template.clone(), tokenizer: Arc::clone(tokenizer), chat, prompt_text, prompt, wanted }
+    }
+}
+
+/// The explained report of one request.
+#[derive(Debug, Clone)]
+pub(crate) struct Explained {
+    /// The engine's token-level report.
+    pub(crate) report: Box<CacheReport>,
+    /// The final reason (the engine's, refined where messages tell more).
+    pub(crate) reason: Option<MissReason>,
+    /// The report as returned to clients (`cache_report`).
+    pub(crate) json: Json,
+    /// The client asked for it in the response.
+    pub(crate) wanted: bool,
+}
+
+impl Explained {
+    /// `x-radix-cache` header value.
+    pub(crate) fn header(&self) -> String {
+        let mut value = format!("cached={} prompt={}", self.report.cached_tokens, self.report.prompt_tokens);
+        if let Some(reason) = self.reason {
+            value.push_str(&format!(" reason={}", reason.as_str()));
+        }
+        value
+    }
+}
+
+/// Adds the report to a response body as `cache_report`, when the client asked for it.
+pub(crate) fn attach(body: &mut Json, explained: Option<&Explained>) {
+    if let Some(e) = explained.filter(|e| e.wanted) {
+        body["cache_report"] = e.json.clone();
+    }
+}
+
+/// Sets the `x-radix-cache` response header.
+pub(crate) fn set_header(response: &mut axum::response::Response, explained: Option<&Explained>) {
+    if let Some(value) = explained.and_then(|e| axum::http::HeaderValue::from_str(&e.header()).ok()) {
+        response.headers_mut().insert("x-radix-cache", value);
+    }
+}
+
+/// Where a divergence falls.
+struct Place {
+    part: &'static str,
+    message: Option<usize>,
+    /// Byte offset in the prompt text where that message starts.
+    message_start: usize,
+}
+
+/// Explains `report` and logs one line about it. Without a chat context (a raw-text prompt) the
+/// report stays at token level.
+pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -> Explained {
+    let mut reason = report.reason;
+    let mut divergence = Json::Null;
+    let mut log_place = String::new();
+    if let (Some(at), Some(ctx)) = (report.divergence, context.as_ref()) {
+        let window = |tokens: &[u32], from: usize, to: usize| -> String {
+            let (from, to) = (from.min(tokens.len()), to.min(tokens.len()));
+            ctx.tokenizer.decode(&tokens[from..to], false).unwrap_or_default()
+        };
+        let offset = ctx.tokenizer.decode(&ctx.prompt[..at.min(ctx.prompt.len())], false).map_or(0, |t| t.len());
+        let offset = floor_char_boundary(&ctx.prompt_text, offset);
+        let place = locate(&ctx.template, &ctx.chat, &ctx.prompt_text, offset);
+        reason = refine(ctx, &report, at, &place, reason);
+        let role = place.message.and_then(|k| ctx.chat.messages.get(k)).and_then(|m| m["role"].as_str());
+        let previous_after = report.previous.as_ref().map(|p| window(&p.tokens, at, at + CONTEXT_TOKENS));
+        divergence = json!({
+            "token": at,
+            "part": place.part,
+            "message_index": place.message,
+            "role": role,
+            "before": window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at),
+            "after": window(&ctx.prompt, at, at + CONTEXT_TOKENS),
+            "previous_after": previous_after,
+        });
+        log_place = match place.message {
+            Some(k) => format!(" in {} (message {k}, {})", place.part, role.unwrap_or("?")),
+            None => format!(" in {}", place.part),
+        };
+        let side = |key: &str| divergence[key].as_str().unwrap_or_default().to_owned();
+        log_place.push_str(&format!(" between {:?} and {:?}", side("before"), side("after")));
+    } else if let Some(at) = report.divergence {
+        divergence = json!({"token": at});
+    }
+    let previous = report.previous.as_ref().map(|p| {
+        json!({"common_prefix_tokens": p.common_prefix, "prompt_tokens": p.prompt_len, "total_tokens": p.tokens.len()})
+    });
+    let json = json!({
+        "prompt_tokens": report.prompt_tokens,
+        "cached_tokens": report.cached_tokens,
+        "reason": reason.map(MissReason::as_str),
+        "divergence": divergence,
+        "previous": previous,
+    });
+    match (reason, report.divergence) {
+        (Some(reason), Some(at)) => eprintln!(
+            "radix-serve: cache prompt={} cached={}: reuse stopped at token {at}{log_place}: {}",
+            report.prompt_tokens,
+            report.cached_tokens,
+            reason.as_str()
+        ),
+        _ => eprintln!("radix-serve: cache prompt={} cached={}: full hit", report.prompt_tokens, report.cached_tokens),
+    }
+    let wanted = context.is_some_and(|c| c.wanted);
+    Explained { report, reason, json, wanted }
+}
+
+/// The part of the conversation the byte `offset` of the prompt text falls in. Messages are
+/// found by their text, in order, in the prompt (a template renders each message's content
+/// verbatim, wherever it puts headers, merged system blocks or dropped reasoning); message `k`
+/// owns the prompt from the end of message `k - 1`'s text (so its header is its own) to the
+/// end of its text. Tools are found by rendering once without them.
+fn locate(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str, offset: usize) -> Place {
+    if chat.tools.as_ref().is_some_and(|t| !t.is_empty())
+        && let Ok(without) = template.render(&ChatRequest { tools: None, ..chat.clone() })
+    {
+        let at = common_bytes(&without, prompt_text);
+        let added = prompt_text.len().saturating_sub(without.len());
+        if added > 0 && (at..at + added).contains(&offset) {
+            return Place { part: "tools", message: None, message_start: at };
+        }
+    }
+    let messages = &chat.messages;
+    let mut start = 0;
+    for (k, message) in messages.iter().enumerate() {
+        let text = message_text(message);
+        let end = match prompt_text.get(start..).and_then(|rest| rest.find(&text)) {
+            Some(found) if !text.is_empty() => start + found + text.len(),
+            // Not rendered verbatim: it owns nothing, the next message starts here too.
+            _ => start,
+        };
+        if offset < end {
+            let leading_system =
+                messages[..=k].iter().all(|m| matches!(m["role"].as_str(), Some("system" | "developer")));
+            return Place {
+                part: if leading_system { "system" } else { "message" },
+                message: Some(k),
+                message_start: start,
+            };
+        }
+        start = end;
+    }
+    Place { part: "generation_prompt", message: None, message_start: start }
+}
+
+/// Refines the engine's reason with the messages: a divergence inside a message whose text the
+/// previous version also holds (from the same place on) is that message rendered differently.
+fn refine(
+    ctx: &CacheContext,
+    report: &CacheReport,
+    at: usize,
+    place: &Place,
+    reason: Option<MissReason>,
+) -> Option<MissReason> {
+    let (Some(previous), Some(k)) = (report.previous.as_ref(), place.message) else { return reason };
+    let text = message_text(&ctx.chat.messages[k]);
+    if text.is_empty() {
+        return reason;
+    }
+    let decode = |tokens: &[u32]| ctx.tokenizer.decode(tokens, false).unwrap_or_default();
+    match reason {
+        Some(MissReason::ChangedContent) => {
+            let before = decode(&previous.tokens[..previous.prompt_len.min(previous.tokens.len())]);
+            let from = floor_char_boundary(&before, place.message_start);
+            before[from..].contains(&text).then_some(MissReason::RerenderedHistory).or(reason)
+        }
+        // Inside what the previous request generated: the reply, re-sent as history, was
+        // rendered to other tokens than the model produced.
+        Some(MissReason::NewContent) if at < previous.tokens.len() && at >= previous.prompt_len => {
+            let generated = decode(&previous.tokens[previous.prompt_len..]);
+            generated.contains(&text).then_some(MissReason::RerenderedHistory).or(reason)
+        }
+        _ => reason,
+    }
+}
+
+/// The text a message carries: its content (text parts joined), else its tool-call arguments.
+fn message_text(message: &Json) -> String {
+    match &message["content"] {
+        Json::String(s) if !s.trim().is_empty() => return s.trim().to_owned(),
+        Json::Array(parts) => {
+            let text: Vec<&str> = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+            if !text.is_empty() {
+                return text.join("\n").trim().to_owned();
+            }
+        }
+        _ => {}
+    }
+    message["tool_calls"]
+        .as_array()
+        .and_then(|calls| calls.first())
+        .and_then(|c| c["function"]["arguments"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Bytes two strings share at their start, cut to a character boundary.
+fn common_bytes(a: &str, b: &str) -> usize {
+    let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    floor_char_boundary(a, n)
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ChatML with tools in the system turn and reasoning shown on the latest assistant turn only.
+    const TEMPLATE: &str = "{%- set ns = namespace(last=-1) -%}\
+        {%- for m in messages %}{% if m.role == 'assistant' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor -%}\
+        {%- if tools %}<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif -%}\
+        {%- for m in messages %}<|im_start|>{{ m.role }}\n\
+        {%- if m.role == 'assistant' and loop.index0 == ns.last and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif -%}\
+        {{ m.content }}<|im_end|>\n{% endfor -%}\
+        {%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}";
+
+    fn place_of(body: Json, needle: &str) -> (&'static str, Option<usize>) {
+        let template = PreparedTemplate::new(
+            radix_templates::ChatTemplate::from_text(TEMPLATE, Default::default()).expect("the template compiles"),
+        );
+        let chat = ChatRequest::from_json(&body).unwrap();
+        let text = template.render(&chat).unwrap();
+        let offset = text.find(needle).unwrap_or_else(|| panic!("{needle:?} not in {text:?}"));
+        let place = locate(&template, &chat, &text, offset);
+        (place.part, place.message)
+    }
+
+    #[test]
+    fn divergences_are_placed_in_the_part_that_holds_them() {
+        let body = json!({
+            "messages": [
+                {"role": "system", "content": "stable block"},
+                {"role": "system", "content": "dynamic block"},
+                {"role": "user", "content": "question one"},
+                {"role": "assistant", "content": "answer one", "reasoning_content": "thinking one"},
+                {"role": "user", "content": "question two"},
+                {"role": "assistant", "content": "answer two"},
+                {"role": "user", "content": "question three"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
+        });
+        assert_eq!(place_of(body.clone(), "read_file"), ("tools", None));
+        assert_eq!(place_of(body.clone(), "stable"), ("system", Some(0)));
+        assert_eq!(place_of(body.clone(), "dynamic"), ("system", Some(1)));
+        assert_eq!(place_of(body.clone(), "question one"), ("message", Some(2)));
+        // Rendered without its reasoning here, but with it when it was the latest turn: the
+        // message is still found.
+        assert_eq!(place_of(body.clone(), "answer one"), ("message", Some(3)));
+        assert_eq!(place_of(body.clone(), "question three"), ("message", Some(6)));
+        // A message's header is its own.
+        assert_eq!(place_of(body, "<|im_start|>assistant"), ("message", Some(3)));
+        let end = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let template = PreparedTemplate::new(
+            radix_templates::ChatTemplate::from_text(TEMPLATE, Default::default()).expect("the template compiles"),
+        );
+        let chat = ChatRequest::from_json(&end).unwrap();
+        let text = template.render(&chat).unwrap();
+        let tail = text.rfind("<|im_start|>assistant").unwrap();
+        assert_eq!(locate(&template, &chat, &text, tail).part, "generation_prompt");
+    }
+
+    #[test]
+    fn message_text_takes_content_parts_or_arguments() {
+        assert_eq!(message_text(&json!({"role": "user", "content": " hi "})), "hi");
+        assert_eq!(message_text(&json!({"content": [{"type": "text", "text": "a"}, {"text": "b"}]})), "a\nb");
+        let call = json!({"content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{\"x\":1}"}}]});
+        assert_eq!(message_text(&call), "{\"x\":1}");
+    }
+
+    #[test]
+    fn common_bytes_stops_on_a_character_boundary() {
+        assert_eq!(common_bytes("abé", "abè"), 2);
+        assert_eq!(common_bytes("abc", "abd"), 2);
+        assert_eq!(common_bytes("ab", "abc"), 2);
+    }
+}

@@ -1,0 +1,243 @@
+//! From a chat request's `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` to
+//! the grammar its reply must follow (llguidance's Lark dialect, with `%json` schemas).
+//!
+//! Enforced: `tool_choice: "required"` (a call to one of the tools), a named function (a call to
+//! it), `response_format` `json_object` (any JSON object) and `json_schema` (the schema). A
+//! call is written in the model's own tool-call format, so the output parser reads it back as
+//! `tool_calls`: Hermes `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`, Llama 3
+//! `{"name": .., "parameters": {..}}`. `"auto"` with a `response_format` lets the model choose
+//! between a call and the JSON reply; `"auto"` alone and `"none"` constrain nothing.
+
+use std::sync::Arc;
+
+use radix_models::tokenizer::Tokenizer;
+use radix_templates::parse::OutputFormat;
+use serde_json::{Value as Json, json};
+
+use super::ApiError;
+use crate::engine::{Constraint, ConstraintFactory};
+
+/// One declared function.
+#[derive(Debug, Clone, PartialEq)]
+struct Tool {
+    name: String,
+    parameters: Json,
+}
+
+/// What the reply must be.
+#[derive(Debug, Clone, PartialEq)]
+enum Shape {
+    /// One of these tools is called (several calls in a row when `parallel`).
+    Calls { tools: Vec<Tool>, parallel: bool },
+    /// A JSON document valid under this schema.
+    Json(Json),
+    /// Either of the two (`tool_choice: "auto"` with a `response_format`).
+    CallsOrJson { tools: Vec<Tool>, parallel: bool, schema: Json },
+}
+
+/// The grammar engine writes JSON the way Python's `json.dumps` does, with no free whitespace:
+/// a small model given the freedom fills replies with newlines until `max_tokens`.
+fn compact(mut schema: Json) -> Json {
+    if let Some(object) = schema.as_object_mut() {
+        object.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "}),
+        );
+    }
+    schema
+}
+
+/// Tool arguments get only the keys their schema declares: a schema that does not say
+/// `additionalProperties` would let a small model invent keys until `max_tokens` cuts the call
+/// off, and no client reads undeclared arguments (OpenAI's strict mode demands the same).
+fn closed_objects(mut schema: Json) -> Json {
+    fn close(schema: &mut Json) {
+        let Some(object) = schema.as_object_mut() else { return };
+        if object.contains_key("properties") && !object.contains_key("additionalProperties") {
+            object.insert("additionalProperties".into(), Json::Bool(false));
+        }
+        for key in ["properties", "$defs", "definitions"] {
+            if let Some(Json::Object(children)) = object.get_mut(key) {
+                children.values_mut().for_each(close);
+            }
+        }
+        for key in ["items", "additionalItems"] {
+            if let Some(child) = object.get_mut(key) {
+                close(child);
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+            if let Some(Json::Array(children)) = object.get_mut(key) {
+                children.iter_mut().for_each(close);
+            }
+        }
+    }
+    close(&mut schema);
+    schema
+}
+
+fn field<'a>(body: &'a Json, name: &str) -> Option<&'a Json> {
+    body.get(name).filter(|v| !v.is_null())
+}
+
+fn tools(body: &Json) -> Result<Vec<Tool>, ApiError> {
+    let Some(list) = field(body, "tools") else { return Ok(Vec::new()) };
+    let list = list.as_array().ok_or_else(|| ApiError::bad_request("'tools' must be an array"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let function = tool
+                .get("function")
+                .filter(|_| tool.get("type").and_then(Json::as_str) == Some("function"))
+                .ok_or_else(|| ApiError::bad_request(format!("tools[{i}] must be {{\"type\": \"function\", ...}}")))?;
+            let name =
+                function.get("name").and_then(Json::as_str).filter(|n| !n.is_empty()).ok_or_else(|| {
+                    ApiError::bad_request(format!("tools[{i}].function.name must be a non-empty string"))
+                })?;
+            let parameters = match field(function, "parameters") {
+                None => json!({"type": "object"}),
+                Some(p) if p.is_object() => closed_objects(p.clone()),
+                Some(_) => {
+                    return Err(ApiError::bad_request(format!("tools[{i}].function.parameters must be a JSON schema")));
+                }
+            };
+            Ok(Tool { name: name.to_owned(), parameters })
+        })
+        .collect()
+}
+
+/// The schema `response_format` asks for, if any.
+fn response_schema(body: &Json) -> Result<Option<Json>, ApiError> {
+    let Some(format) = field(body, "response_format") else { return Ok(None) };
+    match format.get("type").and_then(Json::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => {
+            let spec = field(format, "json_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| ApiError::bad_request("response_format.json_schema must be an object"))?;
+            match field(spec, "schema") {
+                None => Ok(Some(json!({}))),
+                Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(schema.clone())),
+                Some(_) => Err(ApiError::bad_request("response_format.json_schema.schema must be a JSON schema")),
+            }
+        }
+        _ => Err(ApiError::bad_request("response_format.type must be \"text\", \"json_object\" or \"json_schema\"")),
+    }
+}
+
+/// Reads the request's constraint fields; `None` when the reply is free.
+fn shape(body: &Json) -> Result<Option<Shape>, ApiError> {
+    let tools = tools(body)?;
+    let parallel = match field(body, "parallel_tool_calls") {
+        None => true,
+        Some(v) => v.as_bool().ok_or_else(|| ApiError::bad_request("'parallel_tool_calls' must be a boolean"))?,
+    };
+    let schema = response_schema(body)?;
+    let no_tools =
+        |choice: &str| ApiError::bad_request(format!("tool_choice {choice} needs a non-empty 'tools' array"));
+    let calls = match field(body, "tool_choice") {
+        None => None,
+        Some(Json::String(s)) if s == "none" => return Ok(schema.map(Shape::Json)),
+        Some(Json::String(s)) if s == "auto" => None,
+        Some(Json::String(s)) if s == "required" => {
+            if tools.is_empty() {
+                return Err(no_tools("\"required\""));
+            }
+            Some(Shape::Calls { tools: tools.clone(), parallel })
+        }
+        Some(choice @ Json::Object(_)) => {
+            let name = choice
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Json::as_str)
+                .filter(|_| choice.get("type").and_then(Json::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "tool_choice must be \"none\", \"auto\", \"required\" or \
+                         {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+            if tools.is_empty() {
+                return Err(no_tools("naming a function"));
+            }
+            let tool = tools.iter().find(|t| t.name == name).ok_or_else(|| {
+                ApiError::bad_request(format!("tool_choice names the function {name:?}, which is not in 'tools'"))
+            })?;
+            // A named function is one call to it, as OpenAI does.
+            Some(Shape::Calls { tools: vec![tool.clone()], parallel: false })
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}",
+            ));
+        }
+    };
+    Ok(match (calls, schema) {
+        (Some(calls), _) => Some(calls),
+        (None, Some(schema)) if !tools.is_empty() => Some(Shape::CallsOrJson { tools, parallel, schema }),
+        (None, Some(schema)) => Some(Shape::Json(schema)),
+        (None, None) => None,
+    })
+}
+
+/// The Lark rules for "a call to one of `tools`" as the rule `calls`.
+fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<String, ApiError> {
+    let (arguments_key, open, close, separator) = match format {
+        OutputFormat::Hermes => ("arguments", r#""<tool_call>\n" "#, r#" "\n</tool_call>""#, r#""\n""#),
+        OutputFormat::Llama3Json => ("parameters", "", "", r#""; ""#),
+        OutputFormat::Plain => {
+            return Err(ApiError::bad_request(
+                "this model's chat template has no tool-call format, so tool_choice \"required\" or a named \
+                 function cannot be honoured; start the server with a --chat-template-file that shows tools",
+            ));
+        }
+    };
+    let mut rules = String::new();
+    let mut alternatives = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let schema = compact(json!({
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, arguments_key: tool.parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": false,
+        }));
+        rules.push_str(&format!("call_{i}: %json {schema}\n"));
+        alternatives.push(format!("call_{i}"));
+    }
+    rules.push_str(&format!("call: {open}({}){close}\n", alternatives.join(" | ")));
+    rules.push_str(&if parallel { format!("calls: call ({separator} call)*\n") } else { "calls: call\n".to_owned() });
+    Ok(rules)
+}
+
+/// The Lark grammar the reply must match, or `None` when it is free.
+fn grammar(body: &Json, format: OutputFormat) -> Result<Option<String>, ApiError> {
+    let Some(shape) = shape(body)? else { return Ok(None) };
+    Ok(Some(match shape {
+        Shape::Json(schema) => format!("start: %json {}\n", compact(schema)),
+        Shape::Calls { tools, parallel } => format!("start: calls\n{}", call_rules(&tools, parallel, format)?),
+        Shape::CallsOrJson { tools, parallel, schema } => match call_rules(&tools, parallel, format) {
+            Ok(rules) => format!("start: calls | json\njson: %json {}\n{rules}", compact(schema)),
+            // Without a tool-call format "auto" cannot call anything: the JSON reply it is.
+            Err(_) => format!("start: %json {}\n", compact(schema)),
+        },
+    }))
+}
+
+/// The constraint a chat request asks for (HTTP 400 for a malformed field or a schema the
+/// grammar engine rejects), or `None` when the reply is free text.
+pub(super) fn chat_constraint(
+    body: &Json,
+    format: OutputFormat,
+    tokenizer: &Arc<Tokenizer>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = grammar(body, format)? else { return Ok(None) };
+    let factory = ConstraintFactory::shared(tokenizer).map_err(ApiError::internal)?;
+    factory
+        .lark(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("tools or response_format cannot be enforced: {e}")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+use radix_templates::parse::{ParserOptions, StreamingParser};
+use serde_json::{Value as Json, json};
+
+use super::*;
+use crate::engine::constraint::testing::{smollm2, walk};
+
+fn weather() -> Json {
+    json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {"unit": {"type": "string", "enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["unit", "days"],
+        "additionalProperties": false
+    }}})
+}
+
+fn clock() -> Json {
+    json!({"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": false
+    }}})
+}
+
+fn status(result: Result<Option<String>, ApiError>) -> u16 {
+    result.map_or_else(|e| e.status.as_u16(), |_| 200)
+}
+
+/// Parses text as the Hermes output parser would, returning (name, arguments) of each call.
+fn hermes_calls(text: &str) -> Vec<(String, Json)> {
+    parsed_calls(text, OutputFormat::Hermes)
+}
+
+fn parsed_calls(text: &str, format: OutputFormat) -> Vec<(String, Json)> {
+    let mut parser = StreamingParser::new(ParserOptions {
+        format,
+        starts_in_reasoning: false,
+        tool_call_id_prefix: "call_".into(),
+        tools_enabled: true,
+    });
+    let mut events = parser.push(text);
+    events.extend(parser.finish());
+    let message = radix_templates::parse::ParsedMessage::from_events(events);
+    message
+        .tool_calls
+        .iter()
+        .map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).expect("arguments are JSON")))
+        .collect()
+}
+
+fn check_weather(arguments: &Json) {
+    assert!(["c", "f"].contains(&arguments["unit"].as_str().unwrap()), "{arguments}");
+    assert!((1..=9).contains(&arguments["days"].as_i64().unwrap()), "{arguments}");
+}
+
+#[test]
+fn free_requests_have_no_grammar() {
+    let hermes = OutputFormat::Hermes;
+    assert_eq!(grammar(&json!({"messages": []}), hermes).unwrap(), None);
+    assert_eq!(grammar(&json!({"tools": [weather()]}), hermes).unwrap(), None);
+    assert_eq!(grammar(&json!({"tools": [weather()], "tool_choice": "auto"}), hermes).unwrap(), None);
+    assert_eq!(grammar(&json!({"tools": [weather()], "tool_choice": "none"}), hermes).unwrap(), None);
+    assert_eq!(grammar(&json!({"response_format": {"type": "text"}}), hermes).unwrap(), None);
+}
+
+#[test]
+fn each_form_builds_the_grammar_it_should() {
+    let hermes = OutputFormat::Hermes;
+    let named =
+        json!({"tools": [weather(), clock()], "tool_choice": {"type": "function", "function": {"name": "get_time"}}});
+    let g = grammar(&named, hermes).unwrap().unwrap();
+    assert!(g.contains("<tool_call>") && g.contains("get_time") && !g.contains("get_weather"), "{g}");
+    assert!(g.contains("calls: call\n"), "a named function is one call: {g}");
+
+    let required = json!({"tools": [weather(), clock()], "tool_choice": "required"});
+    let g = grammar(&required, hermes).unwrap().unwrap();
+    assert!(g.contains("get_time") && g.contains("get_weather") && g.contains("call)*"), "{g}");
+    let single = json!({"tools": [weather(), clock()], "tool_choice": "required", "parallel_tool_calls": false});
+    assert!(grammar(&single, hermes).unwrap().unwrap().contains("calls: call\n"));
+
+    let llama = grammar(&required, OutputFormat::Llama3Json).unwrap().unwrap();
+    assert!(llama.contains("\"parameters\"") && !llama.contains("<tool_call>"), "{llama}");
+
+    let object = grammar(&json!({"response_format": {"type": "json_object"}}), hermes).unwrap().unwrap();
+    assert!(object.starts_with("start: %json {") && object.contains("\"object\""), "{object}");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}});
+    let g = grammar(&body, hermes).unwrap().unwrap();
+    assert!(g.contains("\"integer\""), "{g}");
+    let mut with_tools = body.clone();
+    with_tools["tools"] = json!([clock()]);
+    let g = grammar(&with_tools, hermes).unwrap().unwrap();
+    assert!(g.starts_with("start: calls | json"), "auto plus a format lets the model choose: {g}");
+}
+
+#[test]
+fn malformed_fields_are_400() {
+    let hermes = OutputFormat::Hermes;
+    let cases = [
+        json!({"tool_choice": "required"}),
+        json!({"tools": [weather()], "tool_choice": "sometimes"}),
+        json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        json!({"tools": [weather()], "tool_choice": {"type": "function"}}),
+        json!({"tools": [weather()], "tool_choice": 3}),
+        json!({"tools": "x"}),
+        json!({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "required"}),
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 1}}]}),
+        json!({"tools": [weather()], "parallel_tool_calls": "yes"}),
+        json!({"response_format": {"type": "yaml"}}),
+        json!({"response_format": {"type": "json_schema"}}),
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 1}}}),
+    ];
+    for body in cases {
+        assert_eq!(status(grammar(&body, hermes)), 400, "{body}");
+    }
+    // No tool-call format: a forced call could not come back as tool_calls.
+    let required = json!({"tools": [weather()], "tool_choice": "required"});
+    assert_eq!(status(grammar(&required, OutputFormat::Plain)), 400);
+}
+
+#[test]
+fn a_schema_the_engine_rejects_is_400() {
+    let tokenizer = smollm2();
+    let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}});
+    let e = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap_err();
+    assert_eq!(e.status.as_u16(), 400, "{}", e.message);
+}
+
+#[test]
+fn random_decoding_under_a_named_function_yields_that_call() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [clock(), weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    for (temperature, seed) in [(0.0, 5), (1.0, 6), (1.5, 7)] {
+        let c = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap().unwrap();
+        let out = walk(c, &tokenizer, temperature, seed);
+        assert!(out.ended, "{:?}", out.text);
+        let calls = hermes_calls(&out.text);
+        assert_eq!(calls.len(), 1, "{:?}", out.text);
+        assert_eq!(calls[0].0, "get_weather");
+        check_weather(&calls[0].1);
+    }
+}
+
+#[test]
+fn random_decoding_under_required_calls_one_of_the_tools() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [clock(), weather()], "tool_choice": "required", "parallel_tool_calls": false});
+    let mut names = std::collections::BTreeSet::new();
+    for seed in 10..16 {
+        let c = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap().unwrap();
+        let out = walk(c, &tokenizer, 1.0, seed);
+        assert!(out.ended, "{:?}", out.text);
+        let calls = hermes_calls(&out.text);
+        assert_eq!(calls.len(), 1, "{:?}", out.text);
+        match calls[0].0.as_str() {
+            "get_weather" => check_weather(&calls[0].1),
+            "get_time" => assert!(calls[0].1["utc"].is_boolean(), "{}", calls[0].1),
+            other => panic!("called {other}"),
+        }
+        names.insert(calls[0].0.clone());
+    }
+    assert!(!names.is_empty());
+}
+
+#[test]
+fn random_decoding_in_llama3_format_parses_as_parallel_calls() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [clock(), weather()], "tool_choice": "required"});
+    for seed in 20..24 {
+        let c = chat_constraint(&body, OutputFormat::Llama3Json, &tokenizer).unwrap().unwrap();
+        let out = walk(c, &tokenizer, 1.0, seed);
+        assert!(out.ended, "{:?}", out.text);
+        let calls = parsed_calls(&out.text, OutputFormat::Llama3Json);
+        assert!(!calls.is_empty(), "{:?}", out.text);
+        // Every call the grammar let through is whole and valid, however many there are.
+        assert_eq!(calls.len(), out.text.matches("{\"name\": ").count(), "{:?}", out.text);
+        for (name, arguments) in &calls {
+            match name.as_str() {
+                "get_weather" => check_weather(arguments),
+                "get_time" => assert!(arguments["utc"].is_boolean(), "{arguments}"),
+                other => panic!("called {other}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn tool_arguments_allow_only_declared_keys_unless_the_schema_says_otherwise() {
+    let closed = super::closed_objects(json!({
+        "type": "object",
+        "properties": {
+            "place": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "extra": {"type": "object", "properties": {}, "additionalProperties": true}
+        }
+    }));
+    assert_eq!(closed["additionalProperties"], json!(false));
+    assert_eq!(closed["properties"]["place"]["additionalProperties"], json!(false));
+    assert_eq!(closed["properties"]["tags"]["items"]["additionalProperties"], json!(false));
+    assert_eq!(closed["properties"]["extra"]["additionalProperties"], json!(true), "an explicit choice stays");
+}

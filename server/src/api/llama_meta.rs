@@ -1,0 +1,163 @@
+//! llama-server's endpoints around generation: `/tokenize`, `/detokenize`, `/apply-template`,
+//! `/props` and `/slots`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use radix_templates::ChatRequest;
+use serde_json::{Value as Json, json};
+
+use super::completion_params::{field, flag, parse_body, token_id};
+use super::llama::{generation_settings, llama_defaults};
+use super::output::TokenText;
+use super::{ApiError, ApiState};
+
+fn respond(result: Result<Json, ApiError>) -> Response {
+    match result {
+        Ok(value) => axum::Json(value).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /tokenize`: `content`, `add_special` (BOS where the model adds one; default false),
+/// `with_pieces` (each id with its text, or its bytes where they are not whole UTF-8).
+/// `parse_special: false` (special-token text as plain text) is refused: the tokenizer always
+/// matches special tokens.
+pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    respond((|| {
+        let body = parse_body(&body)?;
+        let content = match field(&body, "content") {
+            Some(Json::String(s)) => s,
+            Some(_) => return Err(ApiError::bad_request("'content' must be a string")),
+            None => return Err(ApiError::bad_request("'content' is required")),
+        };
+        if !flag(&body, "parse_special", true)? {
+            return Err(ApiError::bad_request("'parse_special': false is not supported"));
+        }
+        let ids = state
+            .tokenizer
+            .encode(content, flag(&body, "add_special", false)?)
+            .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+        if !flag(&body, "with_pieces", false)? {
+            return Ok(json!({"tokens": ids}));
+        }
+        let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
+        let mut tokens = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            // Part of a multi-byte character: llama-server gives the bytes instead of text.
+            let piece = match String::from_utf8(token_text.bytes(id)?) {
+                Ok(text) => json!(text),
+                Err(e) => json!(e.into_bytes()),
+            };
+            tokens.push(json!({"id": id, "piece": piece}));
+        }
+        Ok(json!({"tokens": tokens}))
+    })())
+}
+
+/// `POST /detokenize`: `tokens` (ids) to `content`, special tokens written out.
+pub(super) async fn detokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    respond((|| {
+        let body = parse_body(&body)?;
+        let items = match field(&body, "tokens") {
+            Some(Json::Array(items)) => items.as_slice(),
+            None => &[],
+            Some(_) => return Err(ApiError::bad_request("'tokens' must be an array of token ids")),
+        };
+        let ids = items.iter().map(|v| token_id(&state.tokenizer, v.as_u64(), v)).collect::<Result<Vec<_>, _>>()?;
+        let content =
+            state.tokenizer.decode(&ids, false).map_err(|e| ApiError::internal(format!("detokenizing failed: {e}")))?;
+        Ok(json!({"content": content}))
+    })())
+}
+
+/// `POST /apply-template`: a chat body to `{"prompt"}`, through the same message preparation
+/// and template as `/v1/chat/completions`.
+pub(super) async fn apply_template(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
+    respond((|| {
+        let body = parse_body(&body)?;
+        let chat = ChatRequest::from_json(&body)?;
+        Ok(json!({"prompt": state.template.render(&chat)?}))
+    })())
+}
+
+/// A slot's `params` and `next_token` when idle, as `/props` and `/slots` show them.
+fn idle_slot(state: &ApiState, id: usize, is_processing: bool) -> Json {
+    json!({
+        "id": id,
+        "id_task": -1,
+        "n_ctx": state.context_length,
+        "speculative": false,
+        "is_processing": is_processing,
+        "params": generation_settings(state, &llama_defaults(), -1, &[], false),
+        "prompt": "",
+        "next_token": {
+            "has_next_token": is_processing,
+            "has_new_line": false,
+            "n_remain": -1,
+            "n_decoded": 0,
+            "stopping_word": ""
+        }
+    })
+}
+
+/// A special token's text: as the template knows it, else the tokenizer's.
+fn special_token(state: &ApiState, name: &str, id: Option<u32>) -> String {
+    let source = state.template.template.source();
+    match source.special_tokens.get(name) {
+        Some(text) => text.clone(),
+        None => id.and_then(|id| state.tokenizer.decode(&[id], false).ok()).unwrap_or_default(),
+    }
+}
+
+/// `GET /props`.
+pub(super) async fn props(State(state): State<Arc<ApiState>>) -> Response {
+    let source = state.template.template.source();
+    let chat_template = source.select(false).map(|(_, text)| text.to_owned()).unwrap_or_default();
+    let eos = state.tokenizer.eos_token_ids().iter().next().copied();
+    let mut props = json!({
+        "default_generation_settings": idle_slot(&state, 0, false),
+        "total_slots": state.total_slots,
+        "model_alias": state.model_name,
+        "model_path": state.model_path,
+        "modalities": {"vision": false, "audio": false, "video": false},
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": true,
+        "chat_template": chat_template,
+        "chat_template_caps": {},
+        "bos_token": special_token(&state, "bos_token", state.tokenizer.bos_token_id()),
+        "eos_token": special_token(&state, "eos_token", eos),
+        "build_info": format!("radix-serve {}", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+    });
+    if let Some(tool_use) = source.templates.get("tool_use") {
+        props["chat_template_tool_use"] = json!(tool_use);
+    }
+    axum::Json(props).into_response()
+}
+
+/// `GET /slots`: one entry per `--parallel` slot. The engine has no fixed slots: any request
+/// runs in any free place of its batch. Slot `i` reads as processing while more than `i`
+/// sequences run, so the count of busy slots is right, not which request is in which.
+/// `?fail_on_no_slot=1` answers 503 when every slot is busy, as llama-server does.
+pub(super) async fn slots(State(state): State<Arc<ApiState>>, uri: Uri) -> Response {
+    let running = state.engine.stats().running;
+    let fail_on_no_slot =
+        uri.query().unwrap_or_default().split('&').any(|kv| kv == "fail_on_no_slot=1" || kv == "fail_on_no_slot=true");
+    if fail_on_no_slot && running >= state.total_slots {
+        let error = ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "no slot available".into(),
+            kind: "unavailable_error",
+            code: None,
+        };
+        return error.into_response();
+    }
+    let slots: Vec<Json> = (0..state.total_slots).map(|id| idle_slot(&state, id, id < running)).collect();
+    axum::Json(Json::Array(slots)).into_response()
+}

@@ -1,0 +1,98 @@
+//! Counters and latency histograms the engine keeps for `/metrics`, measured with the engine's
+//! own timestamps (submitted, admitted, first token) so that HTTP overhead does not blur them.
+
+use std::time::Duration;
+
+/// Bucket bounds (seconds) for time to first token and queue time: prefill on a CPU takes from
+/// milliseconds to minutes.
+const LATENCY_BOUNDS: &[f64] =
+    &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// Bucket bounds (seconds) for time per output token.
+const TOKEN_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// A Prometheus-style histogram: cumulative counts are made when it is written out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    /// Upper bounds of the buckets, in seconds, increasing.
+    pub bounds: &'static [f64],
+    /// Observations per bucket (not cumulative); one more than `bounds` for `+Inf`.
+    pub counts: Vec<u64>,
+    /// Sum of all observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+    }
+
+    /// Records one duration.
+    pub fn observe(&mut self, d: Duration) {
+        let v = d.as_secs_f64();
+        let bucket = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        self.counts[bucket] += 1;
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+/// Totals since start-up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetrics {
+    /// Requests admitted to run.
+    pub requests_admitted: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Of which found in the prefix cache.
+    pub cached_tokens: u64,
+    /// Of which left to compute (prefill).
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Pages evicted from the radix cache to make room.
+    pub evicted_pages: u64,
+    /// Tokens those pages held.
+    pub evicted_tokens: u64,
+    /// Submission to first token.
+    pub time_to_first_token: Histogram,
+    /// Mean time between output tokens, one observation per request.
+    pub time_per_output_token: Histogram,
+    /// Submission to admission.
+    pub queue_time: Histogram,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        EngineMetrics {
+            requests_admitted: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            prefill_tokens: 0,
+            generated_tokens: 0,
+            evicted_pages: 0,
+            evicted_tokens: 0,
+            time_to_first_token: Histogram::new(LATENCY_BOUNDS),
+            time_per_output_token: Histogram::new(TOKEN_BOUNDS),
+            queue_time: Histogram::new(LATENCY_BOUNDS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_first_bucket_that_holds_them() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        h.observe(Duration::from_millis(100));
+        h.observe(Duration::from_millis(500));
+        h.observe(Duration::from_secs(5));
+        assert_eq!(h.counts, vec![1, 1, 1]);
+        assert_eq!(h.count, 3);
+        assert!((h.sum - 5.6).abs() < 1e-9);
+    }
+}

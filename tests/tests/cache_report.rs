@@ -1,0 +1,164 @@
+//! The per-request cache report: where reuse of the previous version of a conversation stopped
+//! and why (changed_content, rerendered_history, new_content, evicted, cache_disabled), plus
+//! `/v1/cache`, against the real binary.
+
+mod common;
+
+use common::{Server, chat, filler};
+use serde_json::{Value as Json, json};
+
+/// A ChatML template that, like Qwen3's, shows an assistant's reasoning only on the latest
+/// assistant turn, so a later request re-renders an earlier turn without it.
+const TEMPLATE: &str = r#"{%- set ns = namespace(last=-1) -%}
+{%- for m in messages %}{% if m.role == 'assistant' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor -%}
+{%- for m in messages -%}
+<|im_start|>{{ m.role }}
+{% if m.role == 'assistant' and loop.index0 == ns.last and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>
+{% endif %}{{ m.content }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"#;
+
+/// Sends a greedy chat request asking for the cache report; returns the response.
+fn ask(server: &Server, messages: Json, max_tokens: usize) -> Json {
+    let mut body = chat(messages, max_tokens);
+    body["cache_report"] = json!(true);
+    let (status, response) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{response}");
+    let report = &response["cache_report"];
+    assert_eq!(report["cached_tokens"], response["usage"]["prompt_tokens_details"]["cached_tokens"]);
+    assert_eq!(report["prompt_tokens"], response["usage"]["prompt_tokens"]);
+    response
+}
+
+fn sys(stable: &str, dynamic: &str) -> Json {
+    json!([{"role": "system", "content": stable}, {"role": "system", "content": dynamic}])
+}
+
+fn with(mut base: Json, more: Json) -> Json {
+    base.as_array_mut().unwrap().extend(more.as_array().unwrap().iter().cloned());
+    base
+}
+
+#[test]
+fn misses_are_placed_and_explained() {
+    let template = std::env::temp_dir().join(format!("radix-cache-report-{}.jinja", std::process::id()));
+    std::fs::write(&template, TEMPLATE).unwrap();
+    // 8 MiB of KV is a few hundred SmolLM2 tokens: small enough to evict on purpose.
+    let server = Server::start(&["--chat-template-file", template.to_str().unwrap(), "--kv-cache", "8"]);
+    let stable = "You are a careful coding agent. Read files before editing them.";
+    let user = json!([{"role": "user", "content": "List the files."}]);
+
+    // One word edited in the second (dynamic) system block: reuse stops there.
+    let first = ask(&server, with(sys(stable, "Today is Monday. The cwd is /src."), user.clone()), 3);
+    let second = ask(&server, with(sys(stable, "Today is Tuesday. The cwd is /src."), user.clone()), 3);
+    assert_eq!(first["cache_report"]["divergence"]["token"], 0, "{first}");
+    let report = &second["cache_report"];
+    assert_eq!(report["reason"], "changed_content", "{report}");
+    assert_eq!(report["divergence"]["part"], "system", "{report}");
+    assert_eq!(report["divergence"]["message_index"], 1, "{report}");
+    let cached = report["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 10, "the stable block and the dynamic block's start are reused: {report}");
+    assert_eq!(report["divergence"]["token"], cached, "pages of one token: reuse stops at the divergence");
+    assert!(report["divergence"]["after"].as_str().unwrap().contains("Tuesday"), "{report}");
+    assert!(report["divergence"]["previous_after"].as_str().unwrap().contains("Monday"), "{report}");
+
+    // The same request again: everything but the last token is reused, nothing to explain.
+    let again = ask(&server, with(sys(stable, "Today is Tuesday. The cwd is /src."), user.clone()), 3);
+    assert_eq!(again["cache_report"]["reason"], Json::Null, "{again}");
+    assert_eq!(again["cache_report"]["divergence"], Json::Null, "{again}");
+
+    // A plain append after the previous prompt: new content.
+    let history = json!([
+        {"role": "system", "content": "You answer in one line."},
+        {"role": "user", "content": "Name a prime number."}
+    ]);
+    let turn1 = ask(&server, history.clone(), 3);
+    let turn2_messages = with(
+        history.clone(),
+        json!([
+            {"role": "assistant", "content": "Noted: 42 zebras."},
+            {"role": "user", "content": "Another one?"}
+        ]),
+    );
+    let turn2 = ask(&server, turn2_messages, 3);
+    let report = &turn2["cache_report"];
+    assert_eq!(report["reason"], "new_content", "{report}");
+    assert_eq!(report["divergence"]["message_index"], 2, "{report}");
+    assert_eq!(report["divergence"]["role"], "assistant", "{report}");
+    let turn1_prompt = turn1["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(report["cached_tokens"].as_u64().unwrap() >= turn1_prompt - 1, "{report}");
+
+    // The template drops an earlier turn's reasoning: same messages, different text.
+    let reasoning_turn = json!([
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "It is four.", "reasoning_content": "Two and two make four."},
+        {"role": "user", "content": "And three plus three?"}
+    ]);
+    ask(&server, reasoning_turn.clone(), 3);
+    let next = with(
+        reasoning_turn,
+        json!([
+            {"role": "assistant", "content": "It is six."},
+            {"role": "user", "content": "Thanks."}
+        ]),
+    );
+    let report = ask(&server, next, 3)["cache_report"].clone();
+    assert_eq!(report["reason"], "rerendered_history", "{report}");
+    assert_eq!(report["divergence"]["part"], "message", "{report}");
+    assert_eq!(report["divergence"]["message_index"], 1, "{report}");
+
+    // The cache turned off for one request.
+    let mut cold = chat(user.clone(), 2);
+    cold["cache_prompt"] = json!(false);
+    cold["cache_report"] = json!(true);
+    let (_, response) = server.post("/v1/chat/completions", &cold);
+    assert_eq!(response["cache_report"]["reason"], "cache_disabled", "{response}");
+
+    // A conversation pushed out of the cache by a long unrelated prompt: evicted.
+    let conversation = json!([{"role": "user", "content": format!("Summarise: {}", filler(1, 60))}]);
+    let before = ask(&server, conversation.clone(), 2);
+    // Size the unrelated prompt from the measured tokens per word so that it and the
+    // conversation cannot both stay in the pool.
+    let capacity = server.get("/health")["engine"]["pages_total"].as_u64().unwrap() as f64;
+    let conversation_tokens = before["usage"]["prompt_tokens"].as_u64().unwrap() as f64;
+    let words = ((capacity - 24.0) * 60.0 / conversation_tokens) as usize;
+    let long = json!([{"role": "user", "content": format!("Summarise: {}", filler(2, words))}]);
+    let long_tokens = ask(&server, long, 2)["usage"]["prompt_tokens"].as_u64().unwrap() as f64;
+    assert!(long_tokens + conversation_tokens > capacity, "{long_tokens} + {conversation_tokens} fit in {capacity}");
+    let after = with(
+        conversation,
+        json!([{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Shorter, please."}]),
+    );
+    let report = ask(&server, after, 2)["cache_report"].clone();
+    assert_eq!(report["reason"], "evicted", "{report}");
+    let matched = report["previous"]["common_prefix_tokens"].as_u64().unwrap();
+    assert!(matched >= before["usage"]["prompt_tokens"].as_u64().unwrap() - 1, "{report}");
+    assert!(report["cached_tokens"].as_u64().unwrap() < matched, "{report}");
+
+    // The cache as a whole, and the header on every chat response.
+    let cache = server.get("/v1/cache");
+    assert!(cache["evicted_pages"].as_u64().unwrap() > 0, "{cache}");
+    assert!(cache["tokens_cached"].as_u64().unwrap() > 0, "{cache}");
+    assert!(cache["hit_ratio"].as_f64().unwrap() > 0.0, "{cache}");
+    let top = cache["top_prefixes"].as_array().unwrap();
+    assert!(!top.is_empty() && top[0]["head"].as_str().unwrap().starts_with("<|im_start|>"), "{cache}");
+    let response = ureq::post(&format!("{}/v1/chat/completions", server.base)).send_json(chat(user, 2)).unwrap();
+    let header = response.header("x-radix-cache").expect("x-radix-cache header").to_owned();
+    let body: Json = response.into_json().unwrap();
+    assert!(body.get("cache_report").is_none(), "only on request");
+    let usage = &body["usage"];
+    let expected =
+        format!("cached={} prompt={}", usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]);
+    assert!(header.starts_with(&expected), "{header} vs {expected}");
+
+    // Streaming: the report rides on the chunk that carries finish_reason.
+    let mut body = chat(json!([{"role": "user", "content": "List the files."}]), 2);
+    body["stream"] = json!(true);
+    body["cache_report"] = json!(true);
+    let chunks: Vec<Json> =
+        server.stream(&body).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let last = chunks.iter().find(|c| !c["choices"][0]["finish_reason"].is_null()).unwrap();
+    assert_eq!(last["cache_report"]["reason"], Json::Null, "a repeat is a full hit: {last}");
+    let _ = std::fs::remove_file(template);
+}

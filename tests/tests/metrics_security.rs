@@ -1,0 +1,234 @@
+//! Security defaults and limits (API keys on every route but /health, 413, JSON depth, queue
+//! limit, 503 while loading) and Prometheus metrics, against the real binary.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::{Server, chat};
+use serde_json::{Value as Json, json};
+
+const KEY: &str = "k1-secret";
+
+/// ChatML with a trap: a message saying "loop forever" starts a loop of 10^10 steps. Load-time
+/// probes never say it, so the server starts; a request that does must fail, not hang.
+const TRAP_TEMPLATE: &str = "{% for m in messages %}{% if m.content == 'loop forever' %}\
+{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{% endif %}\
+<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+const FILE_KEY: &str = "k2-from-file";
+
+/// A request with optional headers; returns the status and the body parsed as JSON (Null if it
+/// is not JSON) or, for text bodies, as a JSON string.
+fn call(server: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&Json>) -> (u16, Json) {
+    let mut request = ureq::request(method, &format!("{}{path}", server.base)).timeout(Duration::from_secs(600));
+    for (k, v) in headers {
+        request = request.set(k, v);
+    }
+    let result = match body {
+        Some(b) => request.send_json(b),
+        None => request.call(),
+    };
+    let (status, response) = match result {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let json = response.header("content-type").is_some_and(|t| t.contains("json"));
+    let text = response.into_string().unwrap();
+    (status, if json { serde_json::from_str(&text).unwrap() } else { Json::String(text) })
+}
+
+fn assert_openai_error(status: u16, body: &Json, expected: u16, what: &str) {
+    assert_eq!(status, expected, "{what}: {body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {body}");
+    assert!(body["error"]["type"].is_string(), "{what}: {body}");
+}
+
+/// Sends raw bytes over one connection and returns the response's status and body.
+fn raw(server: &Server, head: &str) -> (u16, Json) {
+    let addr = server.base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Json::Null);
+    (status, body)
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no metric line starting with {line_start} in:\n{text}"))
+}
+
+#[test]
+fn keys_limits_loading_and_metrics() {
+    let key_file = std::env::temp_dir().join(format!("radix-keys-{}.txt", std::process::id()));
+    std::fs::write(&key_file, format!("# keys\n{FILE_KEY}\n")).unwrap();
+    let template = std::env::temp_dir().join(format!("radix-trap-{}.jinja", std::process::id()));
+    std::fs::write(&template, TRAP_TEMPLATE).unwrap();
+    let flags = [
+        ["--api-key", KEY],
+        ["--api-key-file", key_file.to_str().unwrap()],
+        ["--max-queue", "1"],
+        ["--parallel", "1"],
+        ["--chat-template-file", template.to_str().unwrap()],
+    ]
+    .concat();
+    let (server, loading) = Server::start_watching_health(&flags);
+
+    // While the model loads, /health says so with 503.
+    let (status, body) = loading.first().expect("the server was polled while it loaded");
+    assert_eq!((*status, body), (503, &json!({"status": "loading model"})));
+    assert_eq!(server.get("/health")["status"], "ok", "/health is open and ready");
+
+    // Every route family wants a key; a wrong one is refused like a missing one.
+    let bearer = format!("Bearer {KEY}");
+    let small = chat(json!([{"role": "user", "content": "Hi"}]), 2);
+    let routes: [(&str, &str, Option<Json>); 10] = [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/chat/completions", Some(small.clone())),
+        ("POST", "/v1/completions", Some(json!({"prompt": "Hi", "max_tokens": 2}))),
+        ("POST", "/completion", Some(json!({"prompt": "Hi", "n_predict": 2}))),
+        (
+            "POST",
+            "/v1/messages",
+            Some(json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})),
+        ),
+        ("POST", "/tokenize", Some(json!({"content": "Hi"}))),
+        ("GET", "/props", None),
+        ("GET", "/metrics", None),
+        ("GET", "/v1/cache", None),
+        ("GET", "/no/such/route", None),
+    ];
+    for (method, path, body) in &routes {
+        for headers in [vec![], vec![("Authorization", "Bearer wrong")], vec![("x-api-key", "k1-secre")]] {
+            let (status, answer) = call(&server, method, path, &headers, body.as_ref());
+            assert_openai_error(status, &answer, 401, &format!("{method} {path} with {headers:?}"));
+            assert_eq!(answer["error"]["type"], "authentication_error");
+        }
+    }
+    // The right key, from the flag or the file, in either header.
+    for headers in [[("Authorization", bearer.as_str())], [("x-api-key", FILE_KEY)]] {
+        let (status, models) = call(&server, "GET", "/v1/models", &headers, None);
+        assert_eq!(status, 200, "{models}");
+        assert!(models["data"][0]["id"].is_string());
+    }
+    let auth = [("Authorization", bearer.as_str())];
+    for _ in 0..2 {
+        let (status, reply) = call(&server, "POST", "/v1/chat/completions", &auth, Some(&small));
+        assert_eq!(status, 200, "{reply}");
+    }
+
+    // Client errors are 4xx with OpenAI-style bodies, never 500.
+    let bad: [(&str, Json); 4] = [
+        ("an unknown role", json!({"messages": [{"role": "wizard", "content": "Hi"}]})),
+        ("messages of the wrong type", json!({"messages": 5})),
+        ("no messages", json!({"model": "m"})),
+        ("a non-numeric temperature", json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": "hot"})),
+    ];
+    for (what, body) in &bad {
+        let (status, answer) = call(&server, "POST", "/v1/chat/completions", &auth, Some(body));
+        assert_openai_error(status, &answer, 400, what);
+    }
+    let deep = format!("{{\"messages\": {}{}}}", "[".repeat(1000), "]".repeat(1000));
+    let (status, answer) = raw(
+        &server,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{deep}",
+            deep.len()
+        ),
+    );
+    assert_openai_error(status, &answer, 400, "deeply nested JSON");
+    let (status, answer) = raw(
+        &server,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{{not json",
+            9
+        ),
+    );
+    assert_openai_error(status, &answer, 400, "invalid JSON");
+    let (status, answer) = raw(
+        &server,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            64 << 20
+        ),
+    );
+    assert_openai_error(status, &answer, 413, "a 64 MiB body");
+    let started = std::time::Instant::now();
+    let trap = chat(json!([{"role": "user", "content": "loop forever"}]), 2);
+    let (status, answer) = call(&server, "POST", "/v1/chat/completions", &auth, Some(&trap));
+    assert_openai_error(status, &answer, 400, "a template that loops without end");
+    assert!(started.elapsed() < Duration::from_secs(60), "the render gave up in {:?}", started.elapsed());
+    let (status, answer) = call(&server, "GET", "/no/such/route", &auth, None);
+    assert_openai_error(status, &answer, 404, "an unknown route");
+    let (status, answer) = call(&server, "GET", "/v1/chat/completions", &auth, None);
+    assert_openai_error(status, &answer, 405, "GET on a POST route");
+
+    // One sequence runs, one may wait: the rest are told the server is busy.
+    let long = chat(json!([{"role": "user", "content": "Count from one to fifty in words."}]), 24);
+    let answers: Vec<(u16, Json)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..5)
+            .map(|i| {
+                let (server, long, bearer) = (&server, &long, &bearer);
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(150 * i));
+                    call(server, "POST", "/v1/chat/completions", &[("Authorization", bearer.as_str())], Some(long))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let busy: Vec<_> = answers.iter().filter(|(s, _)| *s == 503).collect();
+    assert!(answers.iter().any(|(s, _)| *s == 200), "{answers:?}");
+    assert!(!busy.is_empty(), "a full queue answers 503: {answers:?}");
+    for (status, body) in &busy {
+        assert_openai_error(*status, body, 503, "a full queue");
+    }
+    assert!(answers.iter().all(|(s, _)| *s == 200 || *s == 503), "{answers:?}");
+    server.wait_idle();
+
+    // Metrics count what happened, in Prometheus text with HELP and TYPE lines.
+    let (status, text) = call(&server, "GET", "/metrics", &auth, None);
+    assert_eq!(status, 200);
+    let text = text.as_str().unwrap().to_owned();
+    let chat_ok = r#"radix_serve_http_requests_total{endpoint="/v1/chat/completions",status="200"}"#;
+    assert!(metric(&text, chat_ok) >= 3.0, "{text}");
+    assert!(metric(&text, r#"radix_serve_http_requests_total{endpoint="/v1/models",status="401"}"#) >= 3.0);
+    assert!(metric(&text, r#"radix_serve_http_requests_total{endpoint="/v1/chat/completions",status="503"}"#) >= 1.0);
+    assert!(metric(&text, r#"radix_serve_http_requests_total{endpoint="/v1/chat/completions",status="413"}"#) >= 1.0);
+    let prompt = metric(&text, "radix_serve_prompt_tokens_total ");
+    let cached = metric(&text, "radix_serve_cached_tokens_total ");
+    let prefill = metric(&text, "radix_serve_prefill_tokens_total ");
+    assert!(cached > 0.0, "the repeated chat hits the cache:\n{text}");
+    assert_eq!(prompt, cached + prefill);
+    assert!(metric(&text, "radix_serve_generated_tokens_total ") >= 4.0);
+    let ratio = metric(&text, "radix_serve_cache_hit_ratio ");
+    assert!((ratio - cached / prompt).abs() < 1e-9);
+    assert!(metric(&text, "radix_serve_time_to_first_token_seconds_count ") >= 3.0);
+    assert!(metric(&text, "radix_serve_queue_time_seconds_count ") >= 3.0);
+    assert!(metric(&text, "radix_serve_time_per_output_token_seconds_count ") >= 1.0);
+    assert_eq!(metric(&text, "radix_serve_sequences_running "), 0.0);
+    let total = metric(&text, "radix_serve_kv_pages_total ");
+    assert_eq!(total, metric(&text, "radix_serve_kv_pages_used ") + metric(&text, "radix_serve_kv_pages_free "));
+    for family in [
+        "radix_serve_http_requests_total counter",
+        "radix_serve_cache_evicted_pages_total counter",
+        "radix_serve_kv_pages_cached gauge",
+        "radix_serve_sequences_waiting gauge",
+        "radix_serve_time_to_first_token_seconds histogram",
+    ] {
+        assert!(text.contains(&format!("# TYPE {family}")), "{family} missing:\n{text}");
+    }
+    assert!(text.contains(r#"radix_serve_time_to_first_token_seconds_bucket{le="+Inf"}"#));
+    let _ = std::fs::remove_file(key_file);
+    let _ = std::fs::remove_file(template);
+}
