@@ -1,1 +1,4 @@
-//! Benchmarks against OpenAI-compatible endpoints (filled by the cache-bench issue).
+//! Benchmarks: `cache-bench` (agent-session replay against OpenAI-compatible servers, see
+//! [`cache_bench`]) and the model micro-benchmarks in `src/bin`.
+
+pub mod cache_bench;

@@ -1,0 +1,187 @@
+//! Per-workload figures from the measurements: hit ratio, tokens prefilled, TTFT percentiles of
+//! cold and warm requests, wall time, errors; printed as tables (one server, or servers side by
+//! side with ratios).
+
+use serde::Serialize;
+
+use super::client::Measurement;
+use super::workload::RequestKind;
+
+/// The figures of one workload on one server.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The server's label.
+    pub server: String,
+    /// The workload's name.
+    pub workload: String,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests that failed.
+    pub errors: usize,
+    /// Sum of prompt tokens the server reported.
+    pub prompt_tokens: usize,
+    /// Sum of cached prompt tokens the server reported.
+    pub cached_tokens: usize,
+    /// Prompt tokens computed (prompt minus cached).
+    pub prefilled_tokens: usize,
+    /// cached / prompt tokens.
+    pub hit_ratio: f64,
+    /// The most any prefix cache could have reached on this workload (see [`super::ideal`]), when
+    /// known for every request.
+    pub ideal_hit_ratio: Option<f64>,
+    /// TTFT of cold requests (the first of each agent or subagent conversation), p50 and p95, ms.
+    pub ttft_cold_ms: (f64, f64),
+    /// TTFT of warm requests (the later ones of agent and subagent conversations), p50 and p95, ms.
+    pub ttft_warm_ms: (f64, f64),
+    /// Seconds from the first request sent to the last one finished.
+    pub wall_s: f64,
+}
+
+impl Summary {
+    /// Summarizes one replay.
+    pub fn new(server: &str, workload: &str, ms: &[Measurement]) -> Self {
+        let ok: Vec<&Measurement> = ms.iter().filter(|m| m.error.is_none()).collect();
+        let prompt_tokens = ok.iter().map(|m| m.prompt_tokens).sum();
+        let cached_tokens = ok.iter().map(|m| m.cached_tokens).sum();
+        let agentic = |m: &&&Measurement| matches!(m.kind, RequestKind::Agent | RequestKind::Subagent);
+        let ttfts = |first: bool| -> Vec<f64> {
+            ok.iter().filter(agentic).filter(|m| m.first == first).map(|m| m.ttft_ms).collect()
+        };
+        Summary {
+            server: server.to_owned(),
+            workload: workload.to_owned(),
+            requests: ms.len(),
+            errors: ms.len() - ok.len(),
+            prompt_tokens,
+            cached_tokens,
+            prefilled_tokens: ok.iter().map(|m| m.prefilled()).sum(),
+            hit_ratio: if prompt_tokens > 0 { cached_tokens as f64 / prompt_tokens as f64 } else { 0.0 },
+            ideal_hit_ratio: ok
+                .iter()
+                .map(|m| m.ideal_cached)
+                .sum::<Option<usize>>()
+                .filter(|_| prompt_tokens > 0)
+                .map(|ideal| ideal as f64 / prompt_tokens as f64),
+            ttft_cold_ms: p50_p95(ttfts(true)),
+            ttft_warm_ms: p50_p95(ttfts(false)),
+            wall_s: ms.iter().map(|m| m.sent_at_ms + m.total_ms).fold(0.0, f64::max) / 1e3,
+        }
+    }
+
+    /// Warm TTFT p50 over cold TTFT p50.
+    pub fn warm_over_cold(&self) -> f64 {
+        if self.ttft_cold_ms.0 > 0.0 { self.ttft_warm_ms.0 / self.ttft_cold_ms.0 } else { f64::NAN }
+    }
+}
+
+/// The 50th and 95th percentiles (nearest rank); NaN for no values.
+pub fn p50_p95(mut values: Vec<f64>) -> (f64, f64) {
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = |p: f64| values[((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1];
+    (rank(0.50), rank(0.95))
+}
+
+fn secs(ms: f64) -> String {
+    if ms.is_nan() { "-".into() } else { format!("{:.2}", ms / 1e3) }
+}
+
+/// A Markdown table of summaries, one row each.
+pub fn table(summaries: &[Summary]) -> String {
+    let mut out = String::from(
+        "| server | workload | requests | errors | prompt tok | cached tok | prefilled tok | hit ratio | ideal | cold TTFT p50/p95 s | warm TTFT p50/p95 s | warm/cold | wall s |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for s in summaries {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1}% | {} | {} / {} | {} / {} | {:.0}% | {:.1} |\n",
+            s.server,
+            s.workload,
+            s.requests,
+            s.errors,
+            s.prompt_tokens,
+            s.cached_tokens,
+            s.prefilled_tokens,
+            s.hit_ratio * 100.0,
+            s.ideal_hit_ratio.map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+            secs(s.ttft_cold_ms.0),
+            secs(s.ttft_cold_ms.1),
+            secs(s.ttft_warm_ms.0),
+            secs(s.ttft_warm_ms.1),
+            s.warm_over_cold() * 100.0,
+            s.wall_s
+        ));
+    }
+    out
+}
+
+/// Per workload, `ours` beside each other server: ratios other/ours for prefilled tokens, warm
+/// TTFT and wall time (above 1: ours is better).
+pub fn ratio_table(ours: &str, summaries: &[Summary]) -> String {
+    let mut out = String::from(
+        "| workload | vs server | hit ratio (ours / theirs) | prefilled tok: theirs / ours | cold TTFT p50: theirs / ours | warm TTFT p50: theirs / ours | wall: theirs / ours |\n\
+         |---|---|--:|--:|--:|--:|--:|\n",
+    );
+    let ratio =
+        |a: f64, b: f64| if b > 0.0 && a.is_finite() && b.is_finite() { format!("{:.2}x", a / b) } else { "-".into() };
+    for mine in summaries.iter().filter(|s| s.server == ours) {
+        for theirs in summaries.iter().filter(|s| s.server != ours && s.workload == mine.workload) {
+            out.push_str(&format!(
+                "| {} | {} | {:.1}% / {:.1}% | {} | {} | {} | {} |\n",
+                mine.workload,
+                theirs.server,
+                mine.hit_ratio * 100.0,
+                theirs.hit_ratio * 100.0,
+                ratio(theirs.prefilled_tokens as f64, mine.prefilled_tokens as f64),
+                ratio(theirs.ttft_cold_ms.0, mine.ttft_cold_ms.0),
+                ratio(theirs.ttft_warm_ms.0, mine.ttft_warm_ms.0),
+                ratio(theirs.wall_s, mine.wall_s)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(first: bool, kind: RequestKind, prompt: usize, cached: usize, ttft: f64) -> Measurement {
+        Measurement {
+            index: 0,
+            conversation: "s0".into(),
+            session: 0,
+            kind,
+            first,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            cached_source: "usage",
+            timings_cache_n: None,
+            ideal_cached: None,
+            completion_tokens: 1,
+            ttft_ms: ttft,
+            total_ms: ttft + 10.0,
+            sent_at_ms: 0.0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn percentiles_and_ratios() {
+        assert_eq!(p50_p95(vec![4.0, 1.0, 3.0, 2.0]), (2.0, 4.0));
+        assert!(p50_p95(vec![]).0.is_nan());
+        let ms = vec![
+            m(true, RequestKind::Title, 100, 0, 50.0),
+            m(true, RequestKind::Agent, 1000, 0, 1000.0),
+            m(false, RequestKind::Agent, 1200, 1000, 100.0),
+            m(false, RequestKind::Agent, 1500, 1200, 200.0),
+        ];
+        let s = Summary::new("x", "w", &ms);
+        assert_eq!((s.prompt_tokens, s.cached_tokens, s.prefilled_tokens), (3800, 2200, 1600));
+        assert_eq!(s.ttft_cold_ms, (1000.0, 1000.0));
+        assert_eq!(s.ttft_warm_ms, (100.0, 200.0));
+        assert!((s.warm_over_cold() - 0.1).abs() < 1e-12);
+    }
+}
