@@ -43,24 +43,9 @@ ours="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sy
 
 log "locating/building llama.cpp"
 llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
-llama_src="$(dirname "$llama_bin")/src"
 "$llama_bin/llama-bench" --version >"$OUT/llama-version.txt" 2>&1 || true
 
-model_path() {
-  case "$1" in
-    smollm2) scripts/assets.sh path smollm2 ;;
-    qwen3)
-      local f="$HOME/.cache/radix-serve/models/qwen3-0.6b-shaped-seed0.Q4_K_M.gguf"
-      if [ ! -f "$f" ]; then
-        log "generating $f"
-        "$PYTHON" scripts/gen_qwen3_shaped.py --llama-src "$llama_src" --llama-bin "$llama_bin" \
-          --tokenizer "$(scripts/assets.sh path qwen3)" --out "$f" --seed 0 >&2
-      fi
-      echo "$f"
-      ;;
-    *) echo "unknown model $1" >&2; exit 1 ;;
-  esac
-}
+model_path() { PYTHON="$PYTHON" scripts/bench-model.sh "$1"; }
 
 for m in $MODELS; do
   [ "$BENCH" = 1 ] || break

@@ -2,7 +2,7 @@
 requirements.txt).
 
 Run against a server started with a tool-capable template (tests/tests/sdk_clients.rs uses
-benches/ttft/chatml_tools.jinja): RADIX_BASE_URL=http://127.0.0.1:PORT python test_anthropic_sdk.py
+benches/templates/chatml_tools.jinja): RADIX_BASE_URL=http://127.0.0.1:PORT python test_anthropic_sdk.py
 """
 
 import json

@@ -185,7 +185,7 @@ fn check_bad_requests(server: &Server) {
 
 #[test]
 fn tool_choice_and_response_format_are_enforced() {
-    let template = workspace_root().join("benches/ttft/chatml_tools.jinja");
+    let template = workspace_root().join("benches/templates/chatml_tools.jinja");
     let server = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
     check_bad_requests(&server);
     check_named_call(&server, 0.0);

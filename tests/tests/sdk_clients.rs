@@ -46,7 +46,7 @@ fn official_python_sdks() {
     let python = sdk_python();
     // A template that shows tools and makes the model's `<tool_call>` output parse as calls;
     // SmolLM2's own template has no tool format.
-    let template = workspace_root().join("benches/ttft/chatml_tools.jinja");
+    let template = workspace_root().join("benches/templates/chatml_tools.jinja");
     let server = Server::start(&["--chat-template-file", template.to_str().unwrap()]);
     let failed: Vec<&str> = ["test_openai_sdk.py", "test_anthropic_sdk.py"]
         .into_iter()

@@ -36,25 +36,14 @@ pub struct Server {
 impl Server {
     /// Starts the server on SmolLM2 with extra flags; waits until it listens.
     pub fn start(extra: &[&str]) -> Server {
-        let model = asset("smollm2");
-        let mut child = Command::new(binary())
-            .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("radix-serve starts");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[server] {line}");
-                if let Some(url) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(url.trim().to_owned());
-                }
+        let (child, addresses) = spawn(extra);
+        let base = loop {
+            match addresses.recv_timeout(Duration::from_secs(180)) {
+                Ok((true, url)) => break url,
+                Ok((false, _)) => continue,
+                Err(_) => panic!("the server reports its address within 3 minutes"),
             }
-        });
-        let base = rx.recv_timeout(Duration::from_secs(180)).expect("the server reports its address within 3 minutes");
+        };
         Server { child, base }
     }
 
@@ -110,30 +99,7 @@ impl Server {
     /// bound (the server says so before it loads the model) until it is ready. Returns the
     /// server and every `/health` answer seen while it loaded, in order.
     pub fn start_watching_health(extra: &[&str]) -> (Server, Vec<(u16, Json)>) {
-        let model = asset("smollm2");
-        let mut child = Command::new(binary())
-            .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("radix-serve starts");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[server] {line}");
-                if let Some(url) =
-                    line.split(" on ").nth(1).and_then(|rest| rest.split(" while the model loads").next())
-                    && line.contains("while the model loads")
-                {
-                    let _ = tx.send((false, url.trim().to_owned()));
-                }
-                if let Some(url) = line.split("listening on ").nth(1) {
-                    let _ = tx.send((true, url.trim().to_owned()));
-                }
-            }
-        });
+        let (child, rx) = spawn(extra);
         let timeout = Duration::from_secs(180);
         let (ready, base) = rx.recv_timeout(timeout).expect("the server reports its address");
         let mut seen = Vec::new();
@@ -187,4 +153,33 @@ pub fn filler(seed: u64, words: usize) -> String {
         }
     }
     out
+}
+
+/// Spawns the server on SmolLM2 with extra flags. The receiver gets `(false, url)` when the socket
+/// is bound while the model loads and `(true, url)` once requests are served.
+fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>) {
+    let model = asset("smollm2");
+    let mut child = Command::new(binary())
+        .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("radix-serve starts");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[server] {line}");
+            if let Some(url) = line.split(" on ").nth(1).and_then(|rest| rest.split(" while the model loads").next())
+                && line.contains("while the model loads")
+            {
+                let _ = tx.send((false, url.trim().to_owned()));
+            }
+            if let Some(url) = line.split("listening on ").nth(1) {
+                let _ = tx.send((true, url.trim().to_owned()));
+            }
+        }
+    });
+    (child, rx)
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# cache-bench's `compare`: radix-serve and llama.cpp's llama-server on the same GGUF, every agent
+# workload on each, in one run. Not a test.
+#
+#   benches/run-cache-bench.sh                 SmolLM2-135M, the `smollm2` preset
+#   MODEL=qwen3 benches/run-cache-bench.sh     the Qwen3-0.6B-shaped model, full-size workloads
+#
+# Builds radix-serve and cache-bench (release), takes llama-server from scripts/build-llama-cpp.sh
+# (built once, ~15-30 min, cached in ~/.cache/radix-serve/llama.cpp), the model from
+# scripts/bench-model.sh. Each server gets a fresh process per workload, never two at once.
+#
+# Environment:
+#   MODEL=smollm2 | qwen3
+#   THREADS=2            threads of each server
+#   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction)
+#   OUT=target/cache-bench/<model>   table.md, results.json, <workload>.svg, server logs
+#   EXTRA=...            more cache-bench flags (e.g. --llama-configs, --radix-args, --seed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL="${MODEL:-smollm2}"
+THREADS="${THREADS:-2}"
+WORKLOADS="${WORKLOADS:-single,split-system,interleaved,subagent,compaction}"
+OUT="${OUT:-target/cache-bench/$MODEL}"
+
+log() { echo "run-cache-bench: $*" >&2; }
+
+log "building radix-serve and cache-bench (release)"
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve --bin cache-bench >&2
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+
+log "locating/building llama.cpp"
+llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
+model=$(scripts/bench-model.sh "$MODEL")
+
+case "$MODEL" in
+  # SmolLM2's own template ignores `tools` and the two servers would fall back differently; both
+  # get a ChatML template that shows tools, so their prompts are the same text.
+  smollm2) args=(--preset smollm2 --ctx 8192 --chat-template-file benches/templates/chatml_tools.jinja) ;;
+  # The real Qwen3 template rides in the GGUF's metadata; both servers use it.
+  # 4 GiB of f16 KV holds ~36k Qwen3-0.6B tokens, what llama-server's -c 32768 allocates.
+  qwen3) args=(--preset full --ctx 32768 --radix-args "--parallel 4 --kv-cache 4096") ;;
+  *) log "unknown MODEL $MODEL"; exit 2 ;;
+esac
+
+# shellcheck disable=SC2086
+exec "$target_dir/release/cache-bench" compare --model "$model" --radix-serve "$target_dir/release/radix-serve" \
+  --llama-server "$llama_bin/llama-server" --threads "$THREADS" --workloads "$WORKLOADS" --out "$OUT" \
+  "${args[@]}" ${EXTRA:-}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Prints the path of a benchmark model, making it first if needed. Shared by the benchmarks in
+# benches/ so they measure the same files.
+#
+#   scripts/bench-model.sh smollm2   SmolLM2-135M-Instruct Q4_1 (through scripts/assets.sh)
+#   scripts/bench-model.sh qwen3     a Qwen3-0.6B-shaped random-weight Q4_K_M GGUF with the real
+#                                    Qwen3 tokenizer and template, generated once by
+#                                    scripts/gen_qwen3_shaped.py (seed 0) into
+#                                    ~/.cache/radix-serve/models (needs llama.cpp's build from
+#                                    scripts/build-llama-cpp.sh and the reference venv, PYTHON)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-$HOME/.cache/radix-serve/refenv/bin/python}"
+
+case "${1:-}" in
+  smollm2) scripts/assets.sh path smollm2 ;;
+  qwen3)
+    f="$HOME/.cache/radix-serve/models/qwen3-0.6b-shaped-seed0.Q4_K_M.gguf"
+    if [ ! -f "$f" ]; then
+      llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
+      echo "bench-model.sh: generating $f" >&2
+      "$PYTHON" scripts/gen_qwen3_shaped.py --llama-src "$(dirname "$llama_bin")/src" --llama-bin "$llama_bin" \
+        --tokenizer "$(scripts/assets.sh path qwen3)" --out "$f" --seed 0 >&2
+    fi
+    echo "$f"
+    ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2 or qwen3)" >&2; exit 2 ;;
+esac
