@@ -38,6 +38,20 @@ pub trait KvElement: Copy + Send + Sync + 'static {
         let _ = src;
         None
     }
+
+    /// Borrows `src` as [`f16`] when `Self` is `f16`, so the kernels can use
+    /// their own inlined conversion; `None` for every other type.
+    fn as_f16_slice(src: &[Self]) -> Option<&[f16]> {
+        let _ = src;
+        None
+    }
+
+    /// Borrows `src` as [`bf16`] when `Self` is `bf16`, as
+    /// [`as_f16_slice`](Self::as_f16_slice); `None` for every other type.
+    fn as_bf16_slice(src: &[Self]) -> Option<&[bf16]> {
+        let _ = src;
+        None
+    }
 }
 
 impl KvElement for f32 {
@@ -87,6 +101,11 @@ impl KvElement for f16 {
     fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);
     }
+
+    #[inline(always)]
+    fn as_f16_slice(src: &[Self]) -> Option<&[f16]> {
+        Some(src)
+    }
 }
 
 impl KvElement for bf16 {
@@ -108,5 +127,10 @@ impl KvElement for bf16 {
     #[inline(always)]
     fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
         dst.convert_from_f32_slice(src);
+    }
+
+    #[inline(always)]
+    fn as_bf16_slice(src: &[Self]) -> Option<&[bf16]> {
+        Some(src)
     }
 }

@@ -114,6 +114,14 @@ pub enum KernelError {
         n_rows: usize,
     },
 
+    /// A quantized matrix or its inputs have an unusable shape.
+    #[error("quantized matmul: {0}")]
+    BadQuantized(String),
+
+    /// A kernel was asked for an instruction set this CPU lacks.
+    #[error("the {0} kernel is not available on this CPU")]
+    Unavailable(&'static str),
+
     /// Two sequences claim the same query rows.
     #[error("sequences {first} and {second} have overlapping query rows")]
     QueryRowsOverlap {

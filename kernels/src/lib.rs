@@ -35,6 +35,7 @@ mod attention;
 mod element;
 mod error;
 mod layout;
+pub mod quant;
 mod vector;
 mod write;
 

@@ -67,15 +67,19 @@ fn exp_approx(x: f32) -> f32 {
     const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
     // Clamp so that 2^n stays a normal float; NaN passes through.
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    // `t` is `ROUND + n` exactly, so its low mantissa bits hold n: reading
+    // them back (below) vectorizes, where a float-to-int cast does not.
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let mut p = P[0];
     for c in &P[1..] {
         p = p * r + c;
     }
     let y = p * (r * r) + r + 1.0;
-    // n is an integer in -126..=127 here (0 for NaN).
-    let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n is an integer in -126..=127 here, so n + 127 is a normal exponent
+    // (NaN gives some pow2, and y is NaN anyway).
+    let pow2 = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { y * pow2 }
 }
 

@@ -182,7 +182,7 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 }
 
 const HEAD_DIMS: [usize; 4] = [8, 64, 80, 128];
-const HEADS: [(usize, usize); 4] = [(4, 4), (8, 2), (14, 2), (16, 8)];
+const HEADS: [(usize, usize); 5] = [(4, 4), (8, 2), (9, 3), (14, 2), (16, 8)];
 const PAGE_SIZES: [usize; 3] = [1, 3, 16];
 
 /// A batch mixing decode rows, prefill chunks after a cached context, and a
@@ -243,7 +243,7 @@ fn bf16_matches_reference_from_rounded_kv() {
 
 #[test]
 fn odd_and_large_head_dims_match_reference() {
-    // 1 and 5: no full 8-lane chunk; 300: heap scratch (above the stack limit).
+    // 1 and 5: no full 8-lane chunk; 300: 37 chunks and a tail of 4.
     let mut rng = Rng(4);
     for d in [1, 5, 300] {
         for ps in [1, 5] {
@@ -253,16 +253,23 @@ fn odd_and_large_head_dims_match_reference() {
             let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
             let err = max_err(&case.run(), &want);
             assert!(err <= 1e-5 * scale, "head_dim {d}, page_size {ps}: {err:e}");
+            // f16 and bf16 rows of these lengths end in a partial 8-lane chunk.
+            let case = Case::<f16>::random(&mut rng, d, (6, 3), ps, &shapes);
+            let err = max_err(&case.run(), &case.reference());
+            assert!(err <= 1e-4, "f16, head_dim {d}, page_size {ps}: {err:e}");
+            let case = Case::<bf16>::random(&mut rng, d, (6, 3), ps, &shapes);
+            let err = max_err(&case.run(), &case.reference());
+            assert!(err <= 1e-4, "bf16, head_dim {d}, page_size {ps}: {err:e}");
         }
     }
 }
 
 #[test]
 fn large_gqa_groups_match_reference() {
-    // Groups of 20 and 32 query heads per kv head: more than one task's 16
-    // rows, so a group is split across tasks (20 = 16 + 4).
+    // Groups of 20 to 56 query heads per kv head; 56 is more than one task's
+    // 48 rows, so a group is split across tasks (56 = 48 + 8).
     let mut rng = Rng(8);
-    for heads in [(20, 1), (32, 1), (40, 2)] {
+    for heads in [(20, 1), (32, 1), (40, 2), (56, 1), (112, 2)] {
         let shapes = [(23, 1), (30, 6), (4, 1)];
         let case = Case::<f32>::random(&mut rng, 8, heads, 3, &shapes);
         let want = case.reference();
@@ -297,6 +304,20 @@ fn huge_logits_stay_finite() {
 }
 
 #[test]
+fn prefill_shapes_match_reference() {
+    // The serving shapes: f16 KV, pages of 16, head_dim 64 (SmolLM2: 9 heads
+    // over 3 kv heads) and 128 (Qwen3: 16 over 8; also groups of 4 and 8),
+    // long prefills: a fresh one, a chunk after a cached context, next to a
+    // decode row. Many tiles per row, partially masked diagonal tiles.
+    let mut rng = Rng(10);
+    for (d, heads) in [(64, (9, 3)), (128, (16, 8)), (128, (16, 4)), (64, (16, 2))] {
+        let case = Case::<f16>::random(&mut rng, d, heads, 16, &[(150, 150), (181, 70), (97, 1)]);
+        let err = max_err(&case.run(), &case.reference());
+        assert!(err <= 1e-4, "head_dim {d}, heads {heads:?}: max err {err:e}");
+    }
+}
+
+#[test]
 fn result_does_not_depend_on_thread_count() {
     // Small batches get smaller tasks on bigger pools; every row's arithmetic
     // is the same either way, so outputs are bitwise equal.
@@ -305,6 +326,7 @@ fn result_does_not_depend_on_thread_count() {
         Case::<f32>::random(&mut rng, 64, (8, 2), 3, &[(200, 1), (150, 37), (30, 30), (5, 1)]),
         Case::<f32>::random(&mut rng, 16, (14, 2), 4, &[(90, 1)]),
         Case::<f32>::random(&mut rng, 16, (32, 1), 1, &[(50, 3)]),
+        Case::<f32>::random(&mut rng, 13, (6, 2), 5, &[(77, 11)]),
     ];
     let bits = |xs: Vec<f32>| xs.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     for case in &cases {
@@ -317,6 +339,24 @@ fn result_does_not_depend_on_thread_count() {
             .collect();
         assert_eq!(runs[0], runs[1]);
         assert_eq!(runs[0], runs[2]);
+    }
+    // f16 serving shapes whose small batches make bigger pools cut a group
+    // of 3 (or 2) heads into tasks of other token counts (16 x 3 rows, 24 x
+    // 2, 48 x 1), so tiles past a task's end are padded differently.
+    let cases = [
+        Case::<f16>::random(&mut rng, 64, (9, 3), 16, &[(100, 9), (40, 1)]),
+        Case::<f16>::random(&mut rng, 128, (16, 8), 16, &[(70, 30)]),
+        Case::<f16>::random(&mut rng, 64, (9, 3), 16, &[(30, 30)]),
+    ];
+    for case in &cases {
+        let runs: Vec<_> = [1, 2, 3, 16]
+            .iter()
+            .map(|&n| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+                bits(pool.install(|| case.run()))
+            })
+            .collect();
+        assert!(runs.iter().all(|r| *r == runs[0]));
     }
 }
 

@@ -7,8 +7,7 @@
 
 use std::path::Path;
 
-use candle_core::quantized::QMatMul;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
 
 use crate::batch::ForwardBatch;
@@ -21,9 +20,10 @@ use crate::weights::{Embedding, Linear, WeightStore, check_embedding_shape};
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Threads of the model's own pool (attention and dense matmuls run there). candle runs
-    /// quantized matmuls on a pool of its own, sized once per process from `CANDLE_NUM_THREADS`;
-    /// `radix-serve` sets that from `--threads`.
+    /// Threads of the model's own pool (attention, Q8_0 matmuls on radix-kernels' int8 kernel,
+    /// and dense matmuls run there). candle runs its other quantized matmuls (Q4_K, Q6_K, ...)
+    /// on a pool of its own, sized once per process from `CANDLE_NUM_THREADS`; `radix-serve`
+    /// sets that from `--threads`.
     pub threads: usize,
     /// Dequantize quantized weights to f32 at load: exact matmuls (no 8-bit activations),
     /// for checking a quantized file against a float reference; slower and larger.
@@ -59,7 +59,7 @@ pub struct Model {
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
     norm: Tensor,
-    lm_head: QMatMul,
+    lm_head: Linear,
     rope: Rope,
     threads: rayon::ThreadPool,
     notes: Vec<String>,
@@ -142,7 +142,7 @@ impl Model {
         check_embedding_shape(&config, &embedding)?;
         let lm_head = match tied_head {
             Some(head) => head,
-            None => store.linear("output", &mut notes)?.into_matmul(),
+            None => store.linear("output", &mut notes)?,
         };
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.
@@ -240,7 +240,7 @@ impl Model {
             let rows = Tensor::from_slice(&rows, rows.len(), &Device::Cpu)?;
             let last = x.index_select(&rows, 0)?;
             let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)?;
-            Ok(self.lm_head.forward(&normed)?)
+            self.lm_head.forward(&normed)
         })
     }
 

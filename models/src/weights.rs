@@ -9,30 +9,72 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Tensor};
 
+use radix_kernels::quant::Q8_0Matrix;
+
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 
 /// A linear layer: `x @ W^T (+ b)`, W dense or quantized.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: QMatMul,
+    weight: Weight,
     bias: Option<Tensor>,
 }
 
+/// The matrix of a [`Linear`], and whose kernel multiplies by it.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// candle's `QMatMul`: dense weights, and quantized types other than Q8_0.
+    Candle(QMatMul),
+    /// Q8_0 on radix-kernels' int8 kernel, which is faster than candle's on the CPU for any
+    /// inner size (candle's fast path needs multiples of 256) and runs on the model's pool.
+    Q8_0(Arc<Q8_0Matrix>),
+}
+
 impl Linear {
-    /// The weight alone (output heads have no bias).
-    pub fn into_matmul(self) -> QMatMul {
-        self.weight
+    fn new(weight: Weight) -> Self {
+        Linear { weight, bias: None }
     }
 
     /// Applies the layer to `[rows, in]`, giving `[rows, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = match &self.weight {
+            Weight::Candle(m) => m.forward(x)?,
+            Weight::Q8_0(m) => q8_0_forward(m, x)?,
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// `x @ W^T` for `x` of shape `[..., k]`, on the current rayon pool.
+fn q8_0_forward(m: &Q8_0Matrix, x: &Tensor) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    match dims.last_mut() {
+        Some(last) if *last == m.k() => *last = m.n_out(),
+        _ => {
+            return Err(ModelError::Config(format!("input of shape {dims:?} for a [{}, {}] matrix", m.n_out(), m.k())));
+        }
+    }
+    let x = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0.0f32; x.len() / m.k() * m.n_out()];
+    m.matmul(&x, &mut out)?;
+    Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
+}
+
+/// Our Q8_0 matrix for a Q8_0 tensor of shape `[n_out, k]`; `None` for other types.
+fn q8_0_matrix(q: &QTensor, notes: &mut Vec<String>) -> Result<Option<Arc<Q8_0Matrix>>> {
+    let &[n_out, k] = q.shape().dims() else { return Ok(None) };
+    if q.dtype() != GgmlDType::Q8_0 {
+        return Ok(None);
+    }
+    let note = "Q8_0 matmuls run on radix-kernels' int8 kernel".to_owned();
+    if !notes.contains(&note) {
+        notes.push(note);
+    }
+    Ok(Some(Arc::new(Q8_0Matrix::from_ggml_bytes(n_out, k, &q.data()?)?)))
 }
 
 /// The token embedding: quantized rows are dequantized only for the tokens looked up.
@@ -42,6 +84,8 @@ pub enum Embedding {
     Dense(Tensor),
     /// A quantized `[vocab, hidden]` matrix.
     Quantized(Arc<QTensor>),
+    /// A Q8_0 `[vocab, hidden]` matrix shared with the tied output head.
+    Q8_0(Arc<Q8_0Matrix>),
 }
 
 impl Embedding {
@@ -50,6 +94,14 @@ impl Embedding {
         Ok(match self {
             Embedding::Dense(w) => w.index_select(ids, 0)?,
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
+            Embedding::Q8_0(m) => {
+                let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0.0f32; ids.len() * m.k()];
+                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
+                    m.dequantize_row(id as usize, row)?;
+                }
+                Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
+            }
         })
     }
 }
@@ -187,16 +239,23 @@ impl WeightStore {
     pub(crate) fn linear(&self, gguf_prefix: &str, notes: &mut Vec<String>) -> Result<Linear> {
         let weight_name = format!("{gguf_prefix}.weight");
         let weight = match self {
-            WeightStore::Gguf { dequantize: true, .. } => QMatMul::Tensor(self.dense(&weight_name)?),
-            WeightStore::Gguf { .. } => QMatMul::from_qtensor(fast_cpu_type(self.qtensor(&weight_name)?, notes)?)?,
-            WeightStore::Safetensors { .. } => QMatMul::Tensor(self.dense(&weight_name)?),
+            WeightStore::Gguf { dequantize: true, .. } => Weight::Candle(QMatMul::Tensor(self.dense(&weight_name)?)),
+            WeightStore::Gguf { .. } => {
+                let q = fast_cpu_type(self.qtensor(&weight_name)?, notes)?;
+                match q8_0_matrix(&q, notes)? {
+                    Some(m) => Weight::Q8_0(m),
+                    None => Weight::Candle(QMatMul::from_qtensor(q)?),
+                }
+            }
+            WeightStore::Safetensors { .. } => Weight::Candle(QMatMul::Tensor(self.dense(&weight_name)?)),
         };
         let bias_name = format!("{gguf_prefix}.bias");
         let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name)?) } else { None };
         Ok(Linear { weight, bias })
     }
 
-    pub(crate) fn embedding(&self, notes: &mut Vec<String>) -> Result<(Embedding, Option<QMatMul>)> {
+    pub(crate) fn embedding(&self, notes: &mut Vec<String>) -> Result<(Embedding, Option<Linear>)> {
+        let candle_head = |dense: Tensor| Linear::new(Weight::Candle(QMatMul::Tensor(dense)));
         match self {
             WeightStore::Gguf { dequantize, .. } => {
                 let q = self.qtensor("token_embd.weight")?;
@@ -204,25 +263,32 @@ impl WeightStore {
                 Ok(match q.dtype() {
                     GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                         let dense = q.dequantize(&Device::Cpu)?;
-                        let head = tied.then(|| QMatMul::Tensor(dense.clone()));
+                        let head = tied.then(|| candle_head(dense.clone()));
                         (Embedding::Dense(dense), head)
                     }
                     _ if tied && *dequantize => {
                         let dense = q.dequantize(&Device::Cpu)?;
-                        (Embedding::Quantized(Arc::new(q)), Some(QMatMul::Tensor(dense)))
+                        (Embedding::Quantized(Arc::new(q)), Some(candle_head(dense)))
                     }
                     _ if tied => {
                         // A tied output head multiplies by the embedding every step, so it gets a
                         // fast type; lookups share that one copy rather than keeping a second.
-                        let fast = Arc::new(fast_cpu_type(q, notes)?);
-                        (Embedding::Quantized(Arc::clone(&fast)), Some(QMatMul::from_arc(fast)?))
+                        let fast = fast_cpu_type(q, notes)?;
+                        match q8_0_matrix(&fast, notes)? {
+                            Some(m) => (Embedding::Q8_0(Arc::clone(&m)), Some(Linear::new(Weight::Q8_0(m)))),
+                            None => {
+                                let fast = Arc::new(fast);
+                                let head = Linear::new(Weight::Candle(QMatMul::from_arc(Arc::clone(&fast))?));
+                                (Embedding::Quantized(fast), Some(head))
+                            }
+                        }
                     }
                     _ => (Embedding::Quantized(Arc::new(q)), None),
                 })
             }
             WeightStore::Safetensors { .. } => {
                 let w = self.dense("token_embd.weight")?;
-                let tied_head = if self.contains("output.weight") { None } else { Some(QMatMul::Tensor(w.clone())) };
+                let tied_head = if self.contains("output.weight") { None } else { Some(candle_head(w.clone())) };
                 Ok((Embedding::Dense(w), tied_head))
             }
         }
@@ -280,6 +346,7 @@ pub(crate) fn check_embedding_shape(config: &ModelConfig, embedding: &Embedding)
     let dims = match embedding {
         Embedding::Dense(t) => t.dims().to_vec(),
         Embedding::Quantized(q) => q.shape().dims().to_vec(),
+        Embedding::Q8_0(m) => vec![m.n_out(), m.k()],
     };
     if dims != [config.vocab_size, config.hidden_size] {
         return Err(ModelError::Config(format!(
