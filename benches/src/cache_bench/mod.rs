@@ -47,6 +47,12 @@ pub fn write_outputs(
 ) -> Result<String> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let summaries: Vec<Summary> = runs.iter().map(|r| Summary::new(&r.server, &r.workload, &r.measurements)).collect();
+    for s in summaries.iter().filter(|s| s.report_mismatches > 0) {
+        eprintln!(
+            "warning: {} on {}: usage.prompt_tokens_details.cached_tokens and timings.cache_n disagree on {} requests",
+            s.server, s.workload, s.report_mismatches
+        );
+    }
     let mut table = report::table(&summaries);
     if let Some(ours) =
         ours.filter(|o| summaries.iter().any(|s| s.server != *o) && summaries.iter().any(|s| s.server == *o))

@@ -35,6 +35,8 @@ pub struct Summary {
     pub ttft_warm_ms: (f64, f64),
     /// Seconds from the first request sent to the last one finished.
     pub wall_s: f64,
+    /// Requests whose two cache reports (`usage` and llama.cpp's `timings.cache_n`) disagree.
+    pub report_mismatches: usize,
 }
 
 impl Summary {
@@ -65,6 +67,7 @@ impl Summary {
             ttft_cold_ms: p50_p95(ttfts(true)),
             ttft_warm_ms: p50_p95(ttfts(false)),
             wall_s: ms.iter().map(|m| m.sent_at_ms + m.total_ms).fold(0.0, f64::max) / 1e3,
+            report_mismatches: ok.iter().filter(|m| m.timings_cache_n.is_some_and(|n| n != m.cached_tokens)).count(),
         }
     }
 
