@@ -202,9 +202,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             stop_tokens.push(id);
         }
     }
-    let context_length = args.ctx_size.unwrap_or(model.config().max_position_embeddings);
     let pool = KvPool::with_budget(model.config(), args.page_size, args.kv_cache_mib << 20, KvDType::F16)?;
     let capacity = pool.num_pages() * pool.page_size();
+    // A sequence can never be longer than the pool (one page stays spare for the first
+    // generated token): a smaller pool lowers the context, so an over-long prompt is a 400 with
+    // the usual wording instead of a failure inside the engine.
+    let wanted_context = args.ctx_size.unwrap_or(model.config().max_position_embeddings);
+    let context_length = wanted_context.min(capacity.saturating_sub(pool.page_size()).max(1));
+    if context_length < wanted_context {
+        eprintln!(
+            "radix-serve: the KV cache holds {capacity} tokens, so the context is {context_length} instead of              {wanted_context}; raise --kv-cache for longer prompts"
+        );
+    }
     let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
     let config = EngineConfig {
         max_running: args.parallel.max(1),

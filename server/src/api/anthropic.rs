@@ -33,12 +33,37 @@ fn error_body(e: &ApiError) -> Json {
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",
+        405 => "invalid_request_error",
         413 => "request_too_large",
         429 => "rate_limit_error",
         503 => "overloaded_error",
         _ => "api_error",
     };
     json!({"type": "error", "error": {"type": kind, "message": e.message}})
+}
+
+/// Rewrites an OpenAI-style error made in front of the handlers (a bad key, a body over the
+/// limits, a full queue, a wrong method) into Anthropic's shape on the Anthropic routes, whose
+/// clients parse only that.
+pub(super) async fn anthropic_error_shape(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if !request.uri().path().starts_with("/v1/messages") {
+        return next.run(request).await;
+    }
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let parsed: Option<Json> = serde_json::from_slice(&bytes).ok();
+    match parsed {
+        Some(body) if body.get("type").and_then(Json::as_str) != Some("error") => {
+            let message = body.pointer("/error/message").and_then(Json::as_str).unwrap_or("error").to_owned();
+            error_response(ApiError::with_status(status, message))
+        }
+        _ => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
 }
 
 fn error_response(e: ApiError) -> Response {

@@ -70,12 +70,14 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .merge(llama::routes())
         .merge(anthropic::routes())
         .merge(metrics::routes())
-        // Layers run outermost last-added: count, make errors JSON, check the key, read the
-        // body within limits, then refuse generation when the queue is full.
+        // Layers run outermost last-added: count, give Anthropic routes Anthropic's error shape,
+        // make errors JSON, check the key, read the body within limits, then refuse generation
+        // when the queue is full.
         .layer(from_fn_with_state(Arc::clone(&state), limits::limit_queue))
         .layer(from_fn(limits::read_body))
         .layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
         .layer(from_fn(limits::json_errors))
+        .layer(from_fn(anthropic::anthropic_error_shape))
         .layer(from_fn_with_state(Arc::clone(&state), metrics::count_requests))
         .with_state(state)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
