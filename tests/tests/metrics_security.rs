@@ -173,15 +173,18 @@ fn keys_limits_loading_and_metrics() {
     let (status, answer) = call(&server, "GET", "/v1/chat/completions", &auth, None);
     assert_openai_error(status, &answer, 405, "GET on a POST route");
 
-    // One sequence runs, one may wait: the rest are told the server is busy.
-    let long = chat(json!([{"role": "user", "content": "Count from one to fifty in words."}]), 24);
+    // One sequence runs, one may wait: the rest are told the server is busy. Each prompt is
+    // long and distinct (no cache hits), so its prefill alone outlasts the 150 ms between
+    // arrivals however fast the model runs.
     let answers: Vec<(u16, Json)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..5)
+        let handles: Vec<_> = (0..5u64)
             .map(|i| {
-                let (server, long, bearer) = (&server, &long, &bearer);
+                let (server, bearer) = (&server, &bearer);
+                let words: Vec<String> = (0..500).map(|w| format!("w{i}x{w}")).collect();
+                let long = chat(json!([{"role": "user", "content": words.join(" ")}]), 4);
                 s.spawn(move || {
                     std::thread::sleep(Duration::from_millis(150 * i));
-                    call(server, "POST", "/v1/chat/completions", &[("Authorization", bearer.as_str())], Some(long))
+                    call(server, "POST", "/v1/chat/completions", &[("Authorization", bearer.as_str())], Some(&long))
                 })
             })
             .collect();
