@@ -1,5 +1,10 @@
 //! Quantized matrix multiplication on the CPU: Q8_0 weights times f32 activations.
 //!
+//! [`Q4KMatrix`] and [`Q6KMatrix`] do the same for GGML's Q4_K and Q6_K weights (activations
+//! quantized to Q8_K, [`Q8KRows`]; inner dimension a multiple of 256). They are not wired into
+//! the model yet: candle 0.11.1 has its own repacked K-quant kernels, whose AVX-512 tier is
+//! still faster at prefill (see `matmul-bench --formats q4_k,q6_k`).
+//!
 //! [`Q8_0Matrix`] holds a weight matrix `[n_out, k]` in GGML's Q8_0 format (blocks of 32
 //! int8 values sharing one scale), repacked at load so that one pass over an activation row
 //! serves eight weight rows. [`Q8_0Matrix::matmul`] computes `out = x @ W^T` the way
@@ -32,13 +37,19 @@
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod kquant;
 mod matrix;
+mod q4_k;
+mod q6_k;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
 pub use activations::{QuantizedRows, quantize_block_q8_0};
+pub use kquant::{Q8KRows, QK_K};
 pub use matrix::Q8_0Matrix;
+pub use q4_k::{Q4_K_BLOCK_BYTES, Q4KMatrix};
+pub use q6_k::{Q6_K_BLOCK_BYTES, Q6KMatrix};
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
