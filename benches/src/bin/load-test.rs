@@ -13,6 +13,7 @@
 //! or waiting), and then every KV page must be free or held by the cache. Exits non-zero on any
 //! failed request or a leaked page; prints a Markdown table.
 
+use radix_benches::cache_bench::text::Rng;
 use std::io::{BufRead, BufReader};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,23 +51,6 @@ struct Cli {
     max_turns: usize,
 }
 
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 const WORDS: &[&str] = &[
     "the", "agent", "reads", "files", "before", "editing", "tests", "must", "pass", "after", "every", "change", "keep",
     "diffs", "small", "and", "explain", "why", "cache", "prefix", "tokens", "server", "local", "model", "request",
@@ -76,7 +60,7 @@ const WORDS: &[&str] = &[
 fn prose(rng: &mut Rng, words: usize) -> String {
     let mut out = String::new();
     for i in 0..words {
-        out.push_str(WORDS[rng.below(WORDS.len())]);
+        out.push_str(WORDS[rng.range(0, WORDS.len() - 1)]);
         out.push(if i % 12 == 11 { '.' } else { ' ' });
     }
     out
@@ -151,22 +135,22 @@ fn stream_chat(agent: &ureq::Agent, url: &str, body: &Json) -> Result<(Sample, S
 
 /// One client: conversations from a shared system prompt, growing by a turn per request.
 fn client(cli: &Cli, id: usize, systems: &[String], deadline: Instant, totals: &Mutex<Totals>) {
-    let mut rng = Rng(cli.seed.wrapping_mul(1_000_003).wrapping_add(id as u64));
+    let mut rng = Rng::new(cli.seed.wrapping_mul(1_000_003).wrapping_add(id as u64));
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(600)).build();
     let url = format!("{}/v1/chat/completions", cli.base_url.trim_end_matches('/'));
     let mut messages = Vec::new();
     let mut turns = 0;
     while Instant::now() < deadline {
         if turns == 0 {
-            let system = &systems[(id + rng.below(2)) % systems.len()];
+            let system = &systems[(id + rng.range(0, 1)) % systems.len()];
             messages = vec![json!({"role": "system", "content": system})];
         }
-        let words = 10 + rng.below(40);
+        let words = 10 + rng.range(0, 39);
         let question = format!("Client {id}, turn {turns}: {} What next?", prose(&mut rng, words));
         messages.push(json!({"role": "user", "content": question}));
         let body = json!({
             "model": cli.model, "messages": messages, "max_tokens": cli.max_tokens, "stream": true,
-            "stream_options": {"include_usage": true}, "temperature": 0.8, "seed": rng.next() >> 33,
+            "stream_options": {"include_usage": true}, "temperature": 0.8, "seed": rng.next_u64() >> 33,
         });
         let outcome = stream_chat(&agent, &url, &body);
         let mut totals = totals.lock().expect("no client panics holding the lock");
@@ -239,7 +223,7 @@ fn main() -> Result<()> {
     let before = health(&cli.base_url).context("the server does not answer /health")?;
     eprintln!("before: {before}");
     let evicted_before = counter(&cli.base_url, EVICTED);
-    let mut rng = Rng(cli.seed);
+    let mut rng = Rng::new(cli.seed);
     let systems: Vec<String> = (0..cli.system_prompts.max(1))
         .map(|i| format!("You are coding assistant number {i}. House rules: {}", prose(&mut rng, 300 + 100 * i)))
         .collect();
