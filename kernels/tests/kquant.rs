@@ -13,46 +13,27 @@ use half::f16;
 use radix_kernels::KernelError;
 use radix_kernels::quant::{Q4_K_BLOCK_BYTES, Q4KMatrix, Q6_K_BLOCK_BYTES, Q6KMatrix, Q8KRows, Q8Kernel, QK_K};
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
+use common::Rng;
 
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Roughly Gaussian, with an occasional outlier as real activations have.
-    fn activation(&mut self) -> f32 {
-        let g = (0..4).map(|_| self.unit()).sum::<f32>();
-        if self.next() % 97 == 0 { g * 20.0 } else { g }
-    }
-
-    /// An f16 scale: mostly ordinary, sometimes the extremes (smallest normal, largest finite, 0).
-    fn scale(&mut self) -> [u8; 2] {
-        let v = match self.next() % 16 {
-            0 => f16::MIN_POSITIVE,
-            1 => f16::MAX,
-            2 => f16::ZERO,
-            _ => f16::from_f32(0.02 * (1.0 + self.unit()) + 1e-4),
-        };
-        v.to_le_bytes()
-    }
+/// An f16 scale: mostly ordinary, sometimes the extremes (smallest normal, largest finite, 0).
+fn scale(rng: &mut Rng) -> [u8; 2] {
+    let v = match rng.next() % 16 {
+        0 => f16::MIN_POSITIVE,
+        1 => f16::MAX,
+        2 => f16::ZERO,
+        _ => f16::from_f32(0.02 * (1.0 + rng.unit()) + 1e-4),
+    };
+    v.to_le_bytes()
 }
 
 /// Random Q4_K bytes: every bit pattern of scales and values, scales of varied sizes.
 fn random_q4k(rng: &mut Rng, blocks: usize) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(blocks * Q4_K_BLOCK_BYTES);
     for _ in 0..blocks {
-        bytes.extend_from_slice(&rng.scale());
-        bytes.extend_from_slice(&rng.scale());
+        bytes.extend_from_slice(&scale(rng));
+        bytes.extend_from_slice(&scale(rng));
         bytes.extend((0..Q4_K_BLOCK_BYTES - 4).map(|_| rng.next() as u8));
     }
     bytes
@@ -63,7 +44,7 @@ fn random_q6k(rng: &mut Rng, blocks: usize) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(blocks * Q6_K_BLOCK_BYTES);
     for _ in 0..blocks {
         bytes.extend((0..Q6_K_BLOCK_BYTES - 2).map(|_| rng.next() as u8));
-        bytes.extend_from_slice(&rng.scale());
+        bytes.extend_from_slice(&scale(rng));
     }
     bytes
 }

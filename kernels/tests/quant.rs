@@ -17,28 +17,9 @@ use half::f16;
 use radix_kernels::KernelError;
 use radix_kernels::quant::{Q8_0_BLOCK_BYTES, Q8_0Matrix, Q8Kernel, QK8_0, QuantizedRows, quantize_block_q8_0};
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Roughly Gaussian (sum of uniforms), with an occasional outlier as real activations have.
-    fn activation(&mut self) -> f32 {
-        let g = (0..4).map(|_| self.unit()).sum::<f32>();
-        if self.next() % 97 == 0 { g * 20.0 } else { g }
-    }
-}
+use common::Rng;
 
 /// Random GGML Q8_0 bytes: every int8 value (-128 included) and scales of varied sizes.
 fn random_ggml(rng: &mut Rng, n_out: usize, k: usize) -> Vec<u8> {

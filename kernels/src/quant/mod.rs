@@ -51,6 +51,31 @@ pub use matrix::Q8_0Matrix;
 pub use q4_k::{Q4_K_BLOCK_BYTES, Q4KMatrix};
 pub use q6_k::{Q6_K_BLOCK_BYTES, Q6KMatrix};
 
+/// Checks that `row` names one of `n_out` rows and that `out` holds `k` values: the arguments
+/// of every matrix's `dequantize_row`.
+fn check_row(n_out: usize, k: usize, row: usize, out: &[f32]) -> Result<(), crate::KernelError> {
+    if row >= n_out {
+        return Err(crate::KernelError::BadQuantized(format!("row {row} of a matrix with {n_out} rows")));
+    }
+    if out.len() != k {
+        return Err(crate::KernelError::LengthMismatch { what: "row out", expected: k, actual: out.len() });
+    }
+    Ok(())
+}
+
+/// The whole `[n_out, k]` matrix in f32, row by row through a matrix's `dequantize_row`.
+fn dequantize_rows(
+    n_out: usize,
+    k: usize,
+    dequantize_row: impl Fn(usize, &mut [f32]) -> Result<(), crate::KernelError>,
+) -> Vec<f32> {
+    let mut w = vec![0.0f32; n_out * k];
+    for (row, out) in w.chunks_exact_mut(k).enumerate() {
+        dequantize_row(row, out).expect("row and length are in range");
+    }
+    w
+}
+
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
 

@@ -110,22 +110,13 @@ impl Q6KMatrix {
 
     /// The f32 matrix the blocks stand for, row-major `[n_out, k]`.
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut w = vec![0.0f32; self.n_out * self.k];
-        for (row, out) in w.chunks_exact_mut(self.k).enumerate() {
-            self.dequantize_row(row, out).expect("row and length are in range");
-        }
-        w
+        super::dequantize_rows(self.n_out, self.k, |row, out| self.dequantize_row(row, out))
     }
 
     /// Row `row` of the matrix in f32, into `out` (`k` values): a lookup in a quantized
     /// embedding table.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        if row >= self.n_out {
-            return Err(KernelError::BadQuantized(format!("row {row} of a matrix with {} rows", self.n_out)));
-        }
-        if out.len() != self.k {
-            return Err(KernelError::LengthMismatch { what: "row out", expected: self.k, actual: out.len() });
-        }
+        super::check_row(self.n_out, self.k, row, out)?;
         let (nb, g, r) = (self.k / QK_K, row / ROWS, row % ROWS);
         for (gb, out) in self.blocks[g * nb..(g + 1) * nb].iter().zip(out.chunks_exact_mut(QK_K)) {
             for (j, out) in out.iter_mut().enumerate() {
