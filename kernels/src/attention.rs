@@ -209,8 +209,17 @@ fn validate<T>(
         return Err(KernelError::RaggedRows { what: "q", len: q.len(), row_len });
     }
     check_len("out", out.len(), q.len())?;
-    let n_rows = q.len() / row_len;
+    validate_sequences(layout, q.len() / row_len, seqs)
+}
 
+/// Checks every sequence of a batch of `n_rows` query rows against the pool:
+/// non-empty queries inside the batch and disjoint, contexts covered by page
+/// tables of in-range pages. Shared by the CPU and CUDA paths.
+pub(crate) fn validate_sequences(
+    layout: &PagedLayout,
+    n_rows: usize,
+    seqs: &[SequenceAttention],
+) -> Result<(), KernelError> {
     for (i, s) in seqs.iter().enumerate() {
         if s.query_len == 0 {
             return Err(KernelError::EmptyQuery { seq: i });

@@ -130,4 +130,9 @@ pub enum KernelError {
         /// Index of the other.
         second: usize,
     },
+
+    /// A GPU kernel could not run: unsupported shape, tensors on the wrong device or of the
+    /// wrong type, or an error from the driver.
+    #[error("GPU attention: {0}")]
+    Device(String),
 }

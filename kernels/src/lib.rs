@@ -11,7 +11,10 @@
 //!   tokens and prefill chunks over each sequence's paged context, on the CPU,
 //!   in parallel on the current rayon pool.
 //!
-//! CUDA and Metal kernels will live behind the `cuda` and `metal` features.
+//! With feature `cuda`, [`cuda::CudaAttentionBatch`] runs the same two operations on an NVIDIA
+//! GPU over a pool held in GPU memory (our kernels in `cuda/*.cu`, compiled to PTX at build
+//! time). Metal has no kernel of its own yet: radix-models runs attention there with candle
+//! ops over a gathered context.
 //!
 //! ```
 //! use radix_kernels::{paged_attention, write_kv, PagedLayout, SequenceAttention};
@@ -32,6 +35,8 @@
 #![warn(missing_docs)]
 
 mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod element;
 mod error;
 mod layout;

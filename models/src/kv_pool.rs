@@ -1,7 +1,12 @@
 //! The paged KV pool: every layer's K and V storage for `num_pages x page_size` token slots,
 //! allocated once. Models write and read it through page tables; the engine decides which
 //! pages belong to whom (DESIGN.md §2).
+//!
+//! Storage is either host vectors (the CPU path) or one candle tensor per layer's K and V on a
+//! device (the tensor path: CUDA, Metal, or the CPU when testing that path). Both have the same
+//! layout, [`PagedLayout`].
 
+use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use radix_kernels::{KvElement, PagedLayout};
 
@@ -35,23 +40,32 @@ pub(crate) enum KvStorage {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// `[layer_len]` elements on a device.
+    Tensor(Tensor),
 }
 
 impl KvStorage {
-    fn zeros(dtype: KvDType, len: usize) -> Self {
-        match dtype {
-            KvDType::F32 => KvStorage::F32(vec![0.0; len]),
-            KvDType::F16 => KvStorage::F16(vec![f16::ZERO; len]),
-            KvDType::BF16 => KvStorage::BF16(vec![bf16::ZERO; len]),
-        }
+    fn zeros(dtype: KvDType, len: usize, device: Option<&Device>) -> Result<Self> {
+        Ok(match (device, dtype) {
+            (None, KvDType::F32) => KvStorage::F32(vec![0.0; len]),
+            (None, KvDType::F16) => KvStorage::F16(vec![f16::ZERO; len]),
+            (None, KvDType::BF16) => KvStorage::BF16(vec![bf16::ZERO; len]),
+            (Some(device), dtype) => KvStorage::Tensor(Tensor::zeros(len, dtype.candle(), device)?),
+        })
     }
 
-    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) -> Result<()> {
         match self {
             KvStorage::F32(v) => v.copy_within(src, dst),
             KvStorage::F16(v) => v.copy_within(src, dst),
             KvStorage::BF16(v) => v.copy_within(src, dst),
+            KvStorage::Tensor(t) => {
+                // candle refuses a slice_set from its own storage: copy the source out first.
+                let from = t.narrow(0, src.start, src.len())?.copy()?;
+                t.slice_set(&from, 0, dst)?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -70,12 +84,21 @@ pub(crate) enum TypedKv<'a> {
 }
 
 impl LayerKv {
-    pub(crate) fn typed(&mut self) -> TypedKv<'_> {
+    /// The host slices; `None` for a pool of tensors.
+    pub(crate) fn typed(&mut self) -> Option<TypedKv<'_>> {
         match (&mut self.k, &mut self.v) {
-            (KvStorage::F32(k), KvStorage::F32(v)) => TypedKv::F32(k, v),
-            (KvStorage::F16(k), KvStorage::F16(v)) => TypedKv::F16(k, v),
-            (KvStorage::BF16(k), KvStorage::BF16(v)) => TypedKv::BF16(k, v),
-            _ => unreachable!("K and V of a layer are allocated with the same dtype"),
+            (KvStorage::F32(k), KvStorage::F32(v)) => Some(TypedKv::F32(k, v)),
+            (KvStorage::F16(k), KvStorage::F16(v)) => Some(TypedKv::F16(k, v)),
+            (KvStorage::BF16(k), KvStorage::BF16(v)) => Some(TypedKv::BF16(k, v)),
+            _ => None,
+        }
+    }
+
+    /// The K and V tensors of a pool on a device; `None` for host storage.
+    pub(crate) fn tensors(&self) -> Option<(&Tensor, &Tensor)> {
+        match (&self.k, &self.v) {
+            (KvStorage::Tensor(k), KvStorage::Tensor(v)) => Some((k, v)),
+            _ => None,
         }
     }
 }
@@ -85,25 +108,67 @@ impl LayerKv {
 pub struct KvPool {
     layout: PagedLayout,
     dtype: KvDType,
+    /// `None`: host vectors; `Some`: tensors on that device.
+    device: Option<Device>,
     pub(crate) layers: Vec<LayerKv>,
 }
 
 impl KvPool {
-    /// Allocates `num_pages` pages of `page_size` token slots for every layer of `config`.
+    /// Allocates `num_pages` pages of `page_size` token slots for every layer of `config`, in
+    /// host memory (the CPU path).
     pub fn new(config: &ModelConfig, page_size: usize, num_pages: usize, dtype: KvDType) -> Result<Self> {
-        let layout = PagedLayout { num_kv_heads: config.num_kv_heads, head_dim: config.head_dim, page_size, num_pages };
-        layout.validate().map_err(|e| ModelError::KvPool(e.to_string()))?;
-        let layers = (0..config.num_layers)
-            .map(|_| LayerKv {
-                k: KvStorage::zeros(dtype, layout.layer_len()),
-                v: KvStorage::zeros(dtype, layout.layer_len()),
-            })
-            .collect();
-        Ok(KvPool { layout, dtype, layers })
+        Self::allocate(config, page_size, num_pages, dtype, None)
     }
 
-    /// Allocates as many pages as fit in `budget_bytes`.
+    /// Like [`new`](Self::new), as tensors on `device` (the tensor path; a model loaded for a
+    /// GPU, or with [`LoadOptions::tensor_path`](crate::LoadOptions::tensor_path), needs this).
+    pub fn on_device(
+        config: &ModelConfig,
+        page_size: usize,
+        num_pages: usize,
+        dtype: KvDType,
+        device: &Device,
+    ) -> Result<Self> {
+        Self::allocate(config, page_size, num_pages, dtype, Some(device))
+    }
+
+    fn allocate(
+        config: &ModelConfig,
+        page_size: usize,
+        num_pages: usize,
+        dtype: KvDType,
+        device: Option<&Device>,
+    ) -> Result<Self> {
+        let layout = PagedLayout { num_kv_heads: config.num_kv_heads, head_dim: config.head_dim, page_size, num_pages };
+        layout.validate().map_err(|e| ModelError::KvPool(e.to_string()))?;
+        let mut layers = Vec::new();
+        for _ in 0..config.num_layers {
+            layers.push(LayerKv {
+                k: KvStorage::zeros(dtype, layout.layer_len(), device)?,
+                v: KvStorage::zeros(dtype, layout.layer_len(), device)?,
+            });
+        }
+        Ok(KvPool { layout, dtype, device: device.cloned(), layers })
+    }
+
+    /// Allocates as many pages as fit in `budget_bytes`, in host memory.
     pub fn with_budget(config: &ModelConfig, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<Self> {
+        Self::allocate(config, page_size, Self::pages_in(config, page_size, budget_bytes, dtype)?, dtype, None)
+    }
+
+    /// Allocates as many pages as fit in `budget_bytes`, as tensors on `device`.
+    pub fn with_budget_on(
+        config: &ModelConfig,
+        page_size: usize,
+        budget_bytes: usize,
+        dtype: KvDType,
+        device: &Device,
+    ) -> Result<Self> {
+        let pages = Self::pages_in(config, page_size, budget_bytes, dtype)?;
+        Self::allocate(config, page_size, pages, dtype, Some(device))
+    }
+
+    fn pages_in(config: &ModelConfig, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<usize> {
         let page_bytes = Self::page_bytes(config, page_size, dtype);
         let num_pages = budget_bytes / page_bytes.max(1);
         if num_pages == 0 {
@@ -111,7 +176,12 @@ impl KvPool {
                 "a budget of {budget_bytes} bytes holds no page of {page_bytes} bytes ({page_size} tokens)"
             )));
         }
-        Self::new(config, page_size, num_pages, dtype)
+        Ok(num_pages)
+    }
+
+    /// Where the storage is: `None` for host vectors, the device for tensors.
+    pub fn device(&self) -> Option<&Device> {
+        self.device.as_ref()
     }
 
     /// Bytes one page takes across all layers, K and V.
@@ -153,25 +223,71 @@ impl KvPool {
         // `slot` gives slot ids; the storage is indexed in elements.
         let (from, to) = (l.slot(src, 0) * l.slot_len(), l.slot(dst, 0) * l.slot_len());
         for layer in &mut self.layers {
-            layer.k.copy_within(from..from + len, to);
-            layer.v.copy_within(from..from + len, to);
+            layer.k.copy_within(from..from + len, to)?;
+            layer.v.copy_within(from..from + len, to)?;
+        }
+        Ok(())
+    }
+
+    /// Fills every slot of every layer with random values (normal, standard deviation `std`), so
+    /// that decode speed over a long context can be measured without prefilling it first.
+    pub fn fill_random(&mut self, std: f32) -> Result<()> {
+        let len = self.layout.layer_len();
+        let dtype = self.dtype.candle();
+        for layer in &mut self.layers {
+            for storage in [&mut layer.k, &mut layer.v] {
+                match storage {
+                    KvStorage::Tensor(t) => {
+                        let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(dtype)?;
+                        t.slice_set(&noise, 0, 0)?;
+                    }
+                    _ => {
+                        let noise = Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?;
+                        match storage {
+                            KvStorage::F32(v) => v.copy_from_slice(&noise),
+                            KvStorage::F16(v) => v.iter_mut().zip(&noise).for_each(|(d, &x)| *d = f16::from_f32(x)),
+                            KvStorage::BF16(v) => v.iter_mut().zip(&noise).for_each(|(d, &x)| *d = bf16::from_f32(x)),
+                            KvStorage::Tensor(_) => unreachable!("matched above"),
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
 
     /// Reads back one layer's K and V of a slot as f32 (for tests and debugging).
     pub fn read_slot(&self, layer: usize, slot: usize) -> (Vec<f32>, Vec<f32>) {
+        self.try_read_slot(layer, slot).expect("reading a slot of a pool on a device")
+    }
+
+    /// [`read_slot`](Self::read_slot), with the device's error if the copy fails.
+    pub fn try_read_slot(&self, layer: usize, slot: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.layout.slot_len();
         let range = slot * n..(slot + 1) * n;
         fn read<T: KvElement>(v: &[T], r: std::ops::Range<usize>) -> Vec<f32> {
             v[r].iter().map(|x| x.to_f32()).collect()
         }
-        let pick = |s: &KvStorage| match s {
-            KvStorage::F32(v) => read(v, range.clone()),
-            KvStorage::F16(v) => read(v, range.clone()),
-            KvStorage::BF16(v) => read(v, range.clone()),
+        let pick = |s: &KvStorage| -> Result<Vec<f32>> {
+            Ok(match s {
+                KvStorage::F32(v) => read(v, range.clone()),
+                KvStorage::F16(v) => read(v, range.clone()),
+                KvStorage::BF16(v) => read(v, range.clone()),
+                KvStorage::Tensor(t) => t.narrow(0, range.start, n)?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+            })
         };
         let layer = &self.layers[layer];
-        (pick(&layer.k), pick(&layer.v))
+        Ok((pick(&layer.k)?, pick(&layer.v)?))
+    }
+}
+
+impl KvDType {
+    /// The candle element type.
+    pub fn candle(self) -> DType {
+        match self {
+            KvDType::F32 => DType::F32,
+            KvDType::F16 => DType::F16,
+            KvDType::BF16 => DType::BF16,
+        }
     }
 }

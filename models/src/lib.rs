@@ -8,17 +8,21 @@ pub mod tokenizer;
 
 pub mod batch;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod kv_pool;
 pub mod model;
+pub mod random_weights;
 pub mod rope;
 pub mod source;
 mod weights;
 
 pub use batch::{ForwardBatch, SequenceChunk};
 pub use config::{Architecture, ModelConfig};
+pub use device::{Device, device_name, parse_device};
 pub use error::{ModelError, Result};
 pub use kv_pool::{KvDType, KvPool};
 pub use model::{LoadOptions, Model};
+pub use random_weights::{RandomFormat, RandomWeights};
 pub use source::{HubOptions, ModelFiles, resolve_model};
 pub use weights::{Embedding, Linear};

@@ -13,9 +13,12 @@ use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, 
 use crate::batch::ForwardBatch;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::kv_pool::{KvPool, LayerKv, TypedKv};
+use crate::kv_pool::{KvDType, KvPool, LayerKv, TypedKv};
+use crate::random_weights::RandomWeights;
 use crate::rope::{Rope, RopeAngles, RopeLayout};
 use crate::weights::{Embedding, Linear, WeightStore, check_embedding_shape};
+
+mod tensor_path;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -28,6 +31,12 @@ pub struct LoadOptions {
     /// Dequantize quantized weights to f32 at load: exact matmuls (no 8-bit activations),
     /// for checking a quantized file against a float reference; slower and larger.
     pub dequantize_weights: bool,
+    /// Where weights, KV pool and compute live ([`crate::parse_device`]). Any device other than
+    /// the CPU runs the tensor path.
+    pub device: Device,
+    /// Run the tensor path (the one GPUs run: candle ops, and attention by gathering the
+    /// context) on the CPU too, so the CPU tests cover that code. Slower than the CPU path.
+    pub tensor_path: bool,
 }
 
 impl Default for LoadOptions {
@@ -35,6 +44,8 @@ impl Default for LoadOptions {
         LoadOptions {
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             dequantize_weights: false,
+            device: Device::Cpu,
+            tensor_path: false,
         }
     }
 }
@@ -63,6 +74,9 @@ pub struct Model {
     rope: Rope,
     threads: rayon::ThreadPool,
     notes: Vec<String>,
+    device: Device,
+    /// Run the tensor path (always on a GPU).
+    tensor_path: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -130,6 +144,13 @@ impl Model {
         Self::from_store(&store, config, RopeLayout::Neox, options, progress)
     }
 
+    /// A model of `config`'s shape with random weights (see [`RandomWeights`]), for speed
+    /// measurements.
+    pub fn random(weights: RandomWeights, options: &LoadOptions) -> Result<Self> {
+        let config = weights.config().clone();
+        Self::from_store(&WeightStore::Random(weights), config, RopeLayout::Neox, options, &mut |_, _| {})
+    }
+
     fn from_store(
         store: &WeightStore,
         config: ModelConfig,
@@ -138,11 +159,12 @@ impl Model {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let mut notes = Vec::new();
-        let (embedding, tied_head) = store.embedding(&mut notes)?;
+        let device = &options.device;
+        let (embedding, tied_head) = store.embedding(device, &mut notes)?;
         check_embedding_shape(&config, &embedding)?;
         let lm_head = match tied_head {
             Some(head) => head,
-            None => store.linear("output", &mut notes)?,
+            None => store.linear("output", device, &mut notes)?,
         };
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.
@@ -151,22 +173,22 @@ impl Model {
             let name = |part: &str| format!("blk.{i}.{part}");
             let qk_norm = config.arch == Architecture::Qwen3;
             layers.push(DecoderLayer {
-                attn_norm: store.dense(&name("attn_norm.weight"))?,
-                q: store.linear(&name("attn_q"), &mut notes)?,
-                k: store.linear(&name("attn_k"), &mut notes)?,
-                v: store.linear(&name("attn_v"), &mut notes)?,
-                o: store.linear(&name("attn_output"), &mut notes)?,
-                q_norm: if qk_norm { Some(store.dense(&name("attn_q_norm.weight"))?) } else { None },
-                k_norm: if qk_norm { Some(store.dense(&name("attn_k_norm.weight"))?) } else { None },
-                ffn_norm: store.dense(&name("ffn_norm.weight"))?,
-                gate: store.linear(&name("ffn_gate"), &mut notes)?,
-                up: store.linear(&name("ffn_up"), &mut notes)?,
-                down: store.linear(&name("ffn_down"), &mut notes)?,
+                attn_norm: store.dense(&name("attn_norm.weight"), device)?,
+                q: store.linear(&name("attn_q"), device, &mut notes)?,
+                k: store.linear(&name("attn_k"), device, &mut notes)?,
+                v: store.linear(&name("attn_v"), device, &mut notes)?,
+                o: store.linear(&name("attn_output"), device, &mut notes)?,
+                q_norm: if qk_norm { Some(store.dense(&name("attn_q_norm.weight"), device)?) } else { None },
+                k_norm: if qk_norm { Some(store.dense(&name("attn_k_norm.weight"), device)?) } else { None },
+                ffn_norm: store.dense(&name("ffn_norm.weight"), device)?,
+                gate: store.linear(&name("ffn_gate"), device, &mut notes)?,
+                up: store.linear(&name("ffn_up"), device, &mut notes)?,
+                down: store.linear(&name("ffn_down"), device, &mut notes)?,
             });
             progress(i + 1, config.num_layers);
         }
         let divisors = if store.contains("rope_freqs.weight") {
-            Some(store.dense("rope_freqs.weight")?.to_vec1::<f32>()?)
+            Some(store.dense("rope_freqs.weight", &Device::Cpu)?.to_vec1::<f32>()?)
         } else {
             None
         };
@@ -176,7 +198,44 @@ impl Model {
             .thread_name(|i| format!("radix-model-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
-        Ok(Model { config, embedding, layers, norm: store.dense("output_norm.weight")?, lm_head, rope, threads, notes })
+        let norm = store.dense("output_norm.weight", device)?;
+        let tensor_path = options.tensor_path || !device.is_cpu();
+        Ok(Model {
+            config,
+            embedding,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            threads,
+            notes,
+            device: device.clone(),
+            tensor_path,
+        })
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A KV pool of `num_pages` pages where this model's forward pass wants it: host memory for
+    /// the CPU path, tensors on the model's device for the tensor path.
+    pub fn new_kv_pool(&self, page_size: usize, num_pages: usize, dtype: KvDType) -> Result<KvPool> {
+        if self.tensor_path {
+            KvPool::on_device(&self.config, page_size, num_pages, dtype, &self.device)
+        } else {
+            KvPool::new(&self.config, page_size, num_pages, dtype)
+        }
+    }
+
+    /// [`new_kv_pool`](Self::new_kv_pool) with as many pages as fit in `budget_bytes`.
+    pub fn kv_pool_with_budget(&self, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<KvPool> {
+        if self.tensor_path {
+            KvPool::with_budget_on(&self.config, page_size, budget_bytes, dtype, &self.device)
+        } else {
+            KvPool::with_budget(&self.config, page_size, budget_bytes, dtype)
+        }
     }
 
     /// The model's shape.
@@ -209,8 +268,23 @@ impl Model {
             )));
         }
         batch.validate(layout.page_size, layout.num_pages, self.config.vocab_size)?;
+        let pool_fits = match kv.device() {
+            None => !self.tensor_path,
+            Some(d) => self.tensor_path && d.same_device(&self.device),
+        };
+        if !pool_fits {
+            return Err(ModelError::KvPool(format!(
+                "the pool is in {} but the model runs the {} path on {}: make the pool with Model::new_kv_pool",
+                kv.device().map_or("host memory".to_owned(), crate::device_name),
+                if self.tensor_path { "tensor" } else { "CPU" },
+                crate::device_name(&self.device)
+            )));
+        }
         if batch.tokens.is_empty() {
-            return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &Device::Cpu)?);
+            return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?);
+        }
+        if self.tensor_path {
+            return self.threads.install(|| self.forward_tensors(batch, kv));
         }
         let step = StepContext {
             angles: self.rope.angles(batch.positions()),
@@ -266,9 +340,10 @@ impl Model {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (q, k, v, out) = (&q[..], &k[..], &v[..], &mut attn[..]);
         match kv.typed() {
-            TypedKv::F32(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
-            TypedKv::F16(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
-            TypedKv::BF16(kc, vc) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            Some(TypedKv::F32(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            Some(TypedKv::F16(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            Some(TypedKv::BF16(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
+            None => unreachable!("forward checked that the CPU path has a host pool"),
         }
         let attn = Tensor::from_vec(attn, (n, c.num_heads * c.head_dim), &Device::Cpu)?;
         let x = (x + layer.o.forward(&attn)?)?;

@@ -30,6 +30,13 @@ pub struct RopeAngles {
     half: usize,
 }
 
+impl RopeAngles {
+    /// cos and sin, `[tokens, head_dim/2]` row-major each, and head_dim/2.
+    pub fn cos_sin(&self) -> (&[f32], &[f32], usize) {
+        (&self.cos, &self.sin, self.half)
+    }
+}
+
 impl Rope {
     /// Builds the frequencies as transformers does (f32 `inv_freq`), with Llama 3 scaling from the
     /// config or llama.cpp's per-frequency divisors (`rope_freqs.weight`) when given.
@@ -76,6 +83,11 @@ impl Rope {
             }
         }
         angles
+    }
+
+    /// How the model pairs dimensions.
+    pub fn layout(&self) -> RopeLayout {
+        self.layout
     }
 
     /// Rotates `x` (`[tokens, heads, head_dim]`, row-major) in place.

@@ -13,6 +13,7 @@ use radix_kernels::quant::Q8_0Matrix;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::random_weights::RandomWeights;
 
 /// A linear layer: `x @ W^T (+ b)`, W dense or quantized.
 #[derive(Debug, Clone)]
@@ -23,16 +24,19 @@ pub struct Linear {
 
 /// The matrix of a [`Linear`], and whose kernel multiplies by it.
 #[derive(Debug, Clone)]
-enum Weight {
+pub(crate) enum Weight {
     /// candle's `QMatMul`: dense weights, and quantized types other than Q8_0.
     Candle(QMatMul),
     /// Q8_0 on radix-kernels' int8 kernel, which is faster than candle's on the CPU for any
     /// inner size (candle's fast path needs multiples of 256) and runs on the model's pool.
     Q8_0(Arc<Q8_0Matrix>),
+    /// A dense matrix kept in its own type (bf16/f16 on a GPU): f32 inputs are cast to it for
+    /// the matmul (cuBLAS) and the result back to f32.
+    Dense(Tensor),
 }
 
 impl Linear {
-    fn new(weight: Weight) -> Self {
+    pub(crate) fn new(weight: Weight) -> Self {
         Linear { weight, bias: None }
     }
 
@@ -41,6 +45,7 @@ impl Linear {
         let y = match &self.weight {
             Weight::Candle(m) => m.forward(x)?,
             Weight::Q8_0(m) => q8_0_forward(m, x)?,
+            Weight::Dense(w) => x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(DType::F32)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -92,7 +97,7 @@ impl Embedding {
     /// Looks up token ids, giving `[ids, hidden]` f32.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
-            Embedding::Dense(w) => w.index_select(ids, 0)?,
+            Embedding::Dense(w) => w.index_select(ids, 0)?.to_dtype(DType::F32)?,
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
             Embedding::Q8_0(m) => {
                 let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
@@ -108,8 +113,19 @@ impl Embedding {
 
 /// Where the weights are.
 pub(crate) enum WeightStore {
-    Gguf { path: PathBuf, content: gguf_file::Content, file: Mutex<File>, dequantize: bool },
-    Safetensors { dir: PathBuf, tensors: MmapedSafetensors, arch: Architecture },
+    Gguf {
+        path: PathBuf,
+        content: gguf_file::Content,
+        file: Mutex<File>,
+        dequantize: bool,
+    },
+    Safetensors {
+        dir: PathBuf,
+        tensors: MmapedSafetensors,
+        arch: Architecture,
+    },
+    /// Made up on the spot, for speed measurements of a shape ([`crate::RandomWeights`]).
+    Random(RandomWeights),
 }
 
 /// Quantization types whose CPU kernels in candle are scalar; converted to Q8_0 at load.
@@ -135,7 +151,7 @@ impl WeightStore {
     pub(crate) fn gguf_content(&self) -> Option<&gguf_file::Content> {
         match self {
             WeightStore::Gguf { content, .. } => Some(content),
-            WeightStore::Safetensors { .. } => None,
+            WeightStore::Safetensors { .. } | WeightStore::Random(_) => None,
         }
     }
 
@@ -160,13 +176,14 @@ impl WeightStore {
         match self {
             WeightStore::Gguf { path, .. } => path,
             WeightStore::Safetensors { dir, .. } => dir,
+            WeightStore::Random(_) => Path::new("<random weights>"),
         }
     }
 
     /// The store's own name for a tensor given by its GGUF name.
     fn name_of(&self, gguf_name: &str) -> String {
         match self {
-            WeightStore::Gguf { .. } => gguf_name.to_owned(),
+            WeightStore::Gguf { .. } | WeightStore::Random(_) => gguf_name.to_owned(),
             WeightStore::Safetensors { .. } => hf_name(gguf_name),
         }
     }
@@ -175,6 +192,7 @@ impl WeightStore {
         match self {
             WeightStore::Gguf { content, .. } => content.tensor_infos.contains_key(gguf_name),
             WeightStore::Safetensors { tensors, .. } => tensors.get(&hf_name(gguf_name)).is_ok(),
+            WeightStore::Random(r) => r.contains(gguf_name),
         }
     }
 
@@ -186,11 +204,13 @@ impl WeightStore {
                 .and_then(|v| v.to_string().ok().cloned())
                 .unwrap_or_default(),
             WeightStore::Safetensors { arch, .. } => arch.gguf_name().to_owned(),
+            WeightStore::Random(r) => r.config().arch.gguf_name().to_owned(),
         };
         ModelError::MissingTensor { path: self.path().to_owned(), name: self.name_of(gguf_name), arch }
     }
 
-    fn qtensor(&self, gguf_name: &str) -> Result<QTensor> {
+    /// A GGUF tensor as stored, read into `device`'s memory.
+    fn qtensor(&self, gguf_name: &str, device: &Device) -> Result<QTensor> {
         let WeightStore::Gguf { content, file, path, .. } = self else {
             unreachable!("only GGUF stores hold QTensors")
         };
@@ -210,7 +230,7 @@ impl WeightStore {
             });
         }
         let mut file = file.lock().expect("weight file lock is never poisoned: reads do not panic");
-        let q = content.tensor(&mut *file, gguf_name, &Device::Cpu).map_err(|e| ModelError::BadFile {
+        let q = content.tensor(&mut *file, gguf_name, device).map_err(|e| ModelError::BadFile {
             path: path.clone(),
             message: format!("cannot read tensor `{gguf_name}`: {e}"),
         })?;
@@ -223,51 +243,76 @@ impl WeightStore {
         Ok(q)
     }
 
-    /// A dense f32 tensor (norm weights, biases, small tables).
-    pub(crate) fn dense(&self, gguf_name: &str) -> Result<Tensor> {
+    /// A dense f32 tensor on `device` (norm weights, biases, small tables).
+    pub(crate) fn dense(&self, gguf_name: &str, device: &Device) -> Result<Tensor> {
         match self {
-            WeightStore::Gguf { .. } => Ok(self.qtensor(gguf_name)?.dequantize(&Device::Cpu)?),
+            WeightStore::Gguf { .. } => Ok(self.qtensor(gguf_name, &Device::Cpu)?.dequantize(device)?),
             WeightStore::Safetensors { tensors, .. } => {
                 let t = tensors.load(&hf_name(gguf_name), &Device::Cpu).map_err(|_| self.missing(gguf_name))?;
-                Ok(t.to_dtype(DType::F32)?)
+                Ok(t.to_dtype(DType::F32)?.to_device(device)?)
             }
+            WeightStore::Random(r) => r.dense(gguf_name, device),
         }
     }
 
-    /// A matrix for `x @ W^T`, with its bias if the file has one. `notes` collects load-time
-    /// conversions worth logging.
-    pub(crate) fn linear(&self, gguf_prefix: &str, notes: &mut Vec<String>) -> Result<Linear> {
+    /// A matrix for `x @ W^T` on `device`, with its bias if the file has one. `notes` collects
+    /// load-time conversions worth logging. On the CPU, slow quantized types become Q8_0 on our
+    /// kernel; on a GPU, quantized matrices stay as stored (candle's GPU kernels) and dense ones
+    /// keep their type.
+    pub(crate) fn linear(&self, gguf_prefix: &str, device: &Device, notes: &mut Vec<String>) -> Result<Linear> {
         let weight_name = format!("{gguf_prefix}.weight");
         let weight = match self {
-            WeightStore::Gguf { dequantize: true, .. } => Weight::Candle(QMatMul::Tensor(self.dense(&weight_name)?)),
+            WeightStore::Gguf { dequantize: true, .. } => {
+                Weight::Candle(QMatMul::Tensor(self.dense(&weight_name, device)?))
+            }
+            WeightStore::Gguf { .. } if !device.is_cpu() => {
+                let q = self.qtensor(&weight_name, device)?;
+                match q.dtype() {
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                        Weight::Dense(q.dequantize(device)?.to_dtype(stored_float_type(q.dtype()))?)
+                    }
+                    _ => Weight::Candle(QMatMul::from_qtensor(q)?),
+                }
+            }
             WeightStore::Gguf { .. } => {
-                let q = fast_cpu_type(self.qtensor(&weight_name)?, notes)?;
+                let q = fast_cpu_type(self.qtensor(&weight_name, device)?, notes)?;
                 match q8_0_matrix(&q, notes)? {
                     Some(m) => Weight::Q8_0(m),
                     None => Weight::Candle(QMatMul::from_qtensor(q)?),
                 }
             }
-            WeightStore::Safetensors { .. } => Weight::Candle(QMatMul::Tensor(self.dense(&weight_name)?)),
+            WeightStore::Safetensors { tensors, .. } if !device.is_cpu() => {
+                let t = tensors.load(&hf_name(&weight_name), device).map_err(|_| self.missing(&weight_name))?;
+                Weight::Dense(if t.dtype() == DType::F32 { t } else { t.to_dtype(DType::BF16)? })
+            }
+            WeightStore::Safetensors { .. } => Weight::Candle(QMatMul::Tensor(self.dense(&weight_name, device)?)),
+            WeightStore::Random(r) => r.weight(&weight_name, device)?,
         };
         let bias_name = format!("{gguf_prefix}.bias");
-        let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name)?) } else { None };
+        let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name, device)?) } else { None };
         Ok(Linear { weight, bias })
     }
 
-    pub(crate) fn embedding(&self, notes: &mut Vec<String>) -> Result<(Embedding, Option<Linear>)> {
+    pub(crate) fn embedding(&self, device: &Device, notes: &mut Vec<String>) -> Result<(Embedding, Option<Linear>)> {
         let candle_head = |dense: Tensor| Linear::new(Weight::Candle(QMatMul::Tensor(dense)));
+        if let WeightStore::Random(r) = self {
+            return r.embedding(device);
+        }
+        if !device.is_cpu() {
+            return self.device_embedding(device);
+        }
         match self {
             WeightStore::Gguf { dequantize, .. } => {
-                let q = self.qtensor("token_embd.weight")?;
+                let q = self.qtensor("token_embd.weight", device)?;
                 let tied = !self.contains("output.weight");
                 Ok(match q.dtype() {
                     GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                        let dense = q.dequantize(&Device::Cpu)?;
+                        let dense = q.dequantize(device)?;
                         let head = tied.then(|| candle_head(dense.clone()));
                         (Embedding::Dense(dense), head)
                     }
                     _ if tied && *dequantize => {
-                        let dense = q.dequantize(&Device::Cpu)?;
+                        let dense = q.dequantize(device)?;
                         (Embedding::Quantized(Arc::new(q)), Some(candle_head(dense)))
                     }
                     _ if tied => {
@@ -287,11 +332,56 @@ impl WeightStore {
                 })
             }
             WeightStore::Safetensors { .. } => {
-                let w = self.dense("token_embd.weight")?;
+                let w = self.dense("token_embd.weight", device)?;
                 let tied_head = if self.contains("output.weight") { None } else { Some(candle_head(w.clone())) };
                 Ok((Embedding::Dense(w), tied_head))
             }
+            WeightStore::Random(_) => unreachable!("handled above"),
         }
+    }
+
+    /// The embedding on a GPU: quantized rows stay quantized (lookups dequantize the rows they
+    /// need) and a tied head multiplies by that same copy; dense ones keep a 16-bit type.
+    fn device_embedding(&self, device: &Device) -> Result<(Embedding, Option<Linear>)> {
+        let tied = !self.contains("output.weight");
+        let dense_pair = |w: Tensor| {
+            let head = tied.then(|| Linear::new(Weight::Dense(w.clone())));
+            (Embedding::Dense(w), head)
+        };
+        match self {
+            WeightStore::Gguf { .. } => {
+                let q = self.qtensor("token_embd.weight", device)?;
+                Ok(match q.dtype() {
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                        dense_pair(q.dequantize(device)?.to_dtype(stored_float_type(q.dtype()))?)
+                    }
+                    _ => {
+                        let q = Arc::new(q);
+                        let head = if tied {
+                            Some(Linear::new(Weight::Candle(QMatMul::from_arc(Arc::clone(&q))?)))
+                        } else {
+                            None
+                        };
+                        (Embedding::Quantized(q), head)
+                    }
+                })
+            }
+            WeightStore::Safetensors { tensors, .. } => {
+                let name = hf_name("token_embd.weight");
+                let t = tensors.load(&name, device).map_err(|_| self.missing("token_embd.weight"))?;
+                Ok(dense_pair(if t.dtype() == DType::F32 { t } else { t.to_dtype(DType::BF16)? }))
+            }
+            WeightStore::Random(r) => r.embedding(device),
+        }
+    }
+}
+
+/// The candle type of a float GGUF tensor (kept as stored on a GPU).
+fn stored_float_type(dtype: GgmlDType) -> DType {
+    match dtype {
+        GgmlDType::BF16 => DType::BF16,
+        GgmlDType::F16 => DType::F16,
+        _ => DType::F32,
     }
 }
 

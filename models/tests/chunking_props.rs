@@ -180,7 +180,9 @@ struct Exactness {
 }
 
 fn check_arch(arch: &str, kv: KvDType, tolerance: f32, exact: Exactness, cases: u32) {
-    let model = Model::load(&fixture(arch), &LoadOptions { threads: 1, dequantize_weights: false }).unwrap();
+    let model =
+        Model::load(&fixture(arch), &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() })
+            .unwrap();
     let vocab = model.config().vocab_size as u32;
     // One pool per page size, kept across cases. A case uses at most 7 sequences of up to
     // MAX_PROMPT + MAX_SUFFIX + 1 tokens.

@@ -54,7 +54,8 @@ fn repo_id_resolves_to_the_cached_snapshot_and_loads() {
     );
     let files = resolve_model("radix-test/tiny-qwen3", &offline(&cache)).unwrap();
     assert_eq!(files, ModelFiles::Directory(snapshot));
-    let model = Model::load(files.path(), &LoadOptions { threads: 1, dequantize_weights: false }).unwrap();
+    let model = Model::load(files.path(), &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() })
+        .unwrap();
     assert_eq!(model.config().head_dim, 32);
 
     // A commit hash as revision reads the snapshot directly.

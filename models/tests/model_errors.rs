@@ -23,7 +23,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn options() -> LoadOptions {
-    LoadOptions { threads: 1, dequantize_weights: false }
+    LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() }
 }
 
 /// Loads `path`, which must fail without panicking; returns the error.

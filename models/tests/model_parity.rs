@@ -1,11 +1,13 @@
 //! Parity of our decoder with transformers on tiny random-weight models of each architecture
 //! (`fixtures/tiny/*`, made by `scripts/gen_model_refs.py`): logits agree whether a sequence is
 //! prefilled in one go, in chunks over the pool, token by token, or batched with others, for
-//! page sizes 1 and 16, from safetensors, GGUF F32 and GGUF Q8_0.
+//! page sizes 1 and 16, from safetensors, GGUF F32 and GGUF Q8_0; on the CPU path and on the
+//! tensor path (the code GPUs run, here on the CPU), and on `RADIX_TEST_DEVICE` when it names a
+//! GPU (`cuda:0` in a build with `--features cuda`, as `benches/gpu/check.sh` runs it).
 
 use std::path::{Path, PathBuf};
 
-use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
+use radix_models::{Device, ForwardBatch, KvDType, KvPool, LoadOptions, Model, parse_device};
 use serde_json::Value as Json;
 
 /// f32 weights: relative L2 error allowed against transformers.
@@ -15,6 +17,15 @@ const F32_TOLERANCE: f32 = 1e-4;
 /// moves logits by 4-5% against transformers on the same dequantized weights; the same file
 /// loaded with `dequantize_weights` must match within `F32_TOLERANCE`, which pins the layout.
 const Q8_TOLERANCE: f32 = 8e-2;
+/// On a GPU, f32 weights against transformers: cuBLAS sums in another order (and may use TF32
+/// internally), so bf16-level agreement (2^-7) rather than the CPU's f32-level.
+const GPU_F32_TOLERANCE: f32 = 8e-3;
+
+/// Where the third run of every check goes: the GPU named by `RADIX_TEST_DEVICE`, if any.
+fn test_device() -> Option<Device> {
+    let spec = std::env::var("RADIX_TEST_DEVICE").ok().filter(|s| !s.is_empty() && s != "cpu")?;
+    Some(parse_device(&spec).unwrap_or_else(|e| panic!("RADIX_TEST_DEVICE={spec}: {e}")))
+}
 
 fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch)
@@ -87,12 +98,33 @@ fn run_chunks(
 }
 
 fn check_model(arch: &str, file: &str, quantized: bool, dequantize_weights: bool) {
+    for tensor_path in [false, true] {
+        check_model_on(arch, file, quantized, dequantize_weights, tensor_path, Device::Cpu);
+    }
+    if let Some(device) = test_device() {
+        check_model_on(arch, file, quantized, dequantize_weights, true, device);
+    }
+}
+
+fn check_model_on(
+    arch: &str,
+    file: &str,
+    quantized: bool,
+    dequantize_weights: bool,
+    tensor_path: bool,
+    device: Device,
+) {
     let reference = reference(arch);
     let want = if quantized { &reference.logits_q8_0 } else { &reference.logits_f32 };
-    let tolerance = if quantized && !dequantize_weights { Q8_TOLERANCE } else { F32_TOLERANCE };
+    let tolerance = match (quantized && !dequantize_weights, device.is_cpu()) {
+        (true, _) => Q8_TOLERANCE,
+        (false, true) => F32_TOLERANCE,
+        (false, false) => GPU_F32_TOLERANCE,
+    };
+    let where_ = radix_models::device_name(&device);
     let path = fixture(arch).join(file);
-    let model = Model::load(&path, &LoadOptions { threads: 2, dequantize_weights })
-        .unwrap_or_else(|e| panic!("{arch}/{file}: {e}"));
+    let options = LoadOptions { threads: 2, dequantize_weights, tensor_path, device };
+    let model = Model::load(&path, &options).unwrap_or_else(|e| panic!("{arch}/{file}: {e}"));
     let mut worst = 0.0f32;
     let mut check = |what: &str, seq: usize, pos: usize, logits: &[f32]| {
         let err = rel_l2(logits, &want[seq][pos]);
@@ -100,7 +132,7 @@ fn check_model(arch: &str, file: &str, quantized: bool, dequantize_weights: bool
         assert!(err < tolerance, "{arch}/{file} {what}: sequence {seq} position {pos}: relative L2 {err}");
     };
     for page_size in [1, 16] {
-        let mut pool = KvPool::new(model.config(), page_size, 256 / page_size + 8, KvDType::F32).unwrap();
+        let mut pool = model.new_kv_pool(page_size, 256 / page_size + 8, KvDType::F32).unwrap();
         for (s, tokens) in reference.sequences.iter().enumerate() {
             let n = tokens.len();
             let mut pages = Pages::new(pool.num_pages());
@@ -143,7 +175,9 @@ fn check_model(arch: &str, file: &str, quantized: bool, dequantize_weights: bool
             check("mixed batch", i, end - 1, &logits.get(i).unwrap().to_vec1::<f32>().unwrap());
         }
     }
-    eprintln!("{arch}/{file} (dequantized: {dequantize_weights}): worst relative L2 {worst:e}");
+    eprintln!(
+        "{arch}/{file} (dequantized: {dequantize_weights}, tensor path: {tensor_path}, {where_}): worst relative L2 {worst:e}"
+    );
 }
 
 /// Chunk sizes 1..=5 cycling from an offset, covering `n` tokens.

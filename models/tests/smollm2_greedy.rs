@@ -15,7 +15,9 @@ fn argmax(logits: &[f32]) -> u32 {
 
 #[test]
 fn greedy_continuations_agree_with_transformers() {
-    let model = Model::load(&asset("smollm2"), &LoadOptions { threads: 2, dequantize_weights: false }).unwrap();
+    let model =
+        Model::load(&asset("smollm2"), &LoadOptions { threads: 2, dequantize_weights: false, ..Default::default() })
+            .unwrap();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2_greedy.json");
     let doc: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let cases = doc["prompts"].as_array().or_else(|| doc["cases"].as_array()).expect("a list of prompts");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use radix_models::tokenizer::Tokenizer;
-use radix_models::{HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, resolve_model};
+use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
 use radix_serve::api::{ApiError, ApiKeys, ApiState, HttpMetrics, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
 use radix_templates::parse::OutputFormat;
@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// Model threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Where the model runs: `cpu`, `cuda[:N]` (a build with `--features cuda`) or `metal`
+    /// (macOS, `--features metal`). The KV cache budget is then GPU memory.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Use this chat template instead of the model's.
     #[arg(long)]
     chat_template_file: Option<PathBuf>,
@@ -169,7 +173,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             eprintln!();
         }
     };
-    let options = LoadOptions { threads, dequantize_weights: false };
+    let device = parse_device(&args.device).with_context(|| format!("--device {}", args.device))?;
+    let options = LoadOptions { threads, device, ..LoadOptions::default() };
     let model = Model::load_with_progress(files.path(), &options, &mut bar)
         .with_context(|| format!("cannot load {}", files.path().display()))?;
     for note in model.load_notes() {
@@ -202,7 +207,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             stop_tokens.push(id);
         }
     }
-    let pool = KvPool::with_budget(model.config(), args.page_size, args.kv_cache_mib << 20, KvDType::F16)?;
+    let pool = model.kv_pool_with_budget(args.page_size, args.kv_cache_mib << 20, KvDType::F16)?;
+    let device = device_name(model.device());
     let capacity = pool.num_pages() * pool.page_size();
     // A sequence can never be longer than the pool (one page stays spare for the first
     // generated token): a smaller pool lowers the context, so an over-long prompt is a 400 with
@@ -211,7 +217,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let context_length = wanted_context.min(capacity.saturating_sub(pool.page_size()).max(1));
     if context_length < wanted_context {
         eprintln!(
-            "radix-serve: the KV cache holds {capacity} tokens, so the context is {context_length} instead of              {wanted_context}; raise --kv-cache for longer prompts"
+            "radix-serve: the KV cache holds {capacity} tokens, so the context is {context_length} instead of \
+             {wanted_context}; raise --kv-cache for longer prompts"
         );
     }
     let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
@@ -244,7 +251,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), loading_server).await;
         let listener = tokio::net::TcpListener::from_std(socket)?;
         eprintln!(
-            "radix-serve: model {model_name}, device cpu, {threads} threads, KV capacity {capacity} tokens, \
+            "radix-serve: model {model_name}, device {device}, {threads} threads, KV capacity {capacity} tokens, \
              context {context_length}; listening on http://{local}"
         );
         axum::serve(listener, router(state))

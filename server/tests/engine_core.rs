@@ -10,7 +10,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 fn model() -> Model {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny/qwen3/model.safetensors");
-    Model::load(&path, &LoadOptions { threads: 1, dequantize_weights: false }).unwrap()
+    Model::load(&path, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() }).unwrap()
 }
 
 fn engine(pages: usize, page_size: usize, prefix_cache: bool) -> EngineCore {

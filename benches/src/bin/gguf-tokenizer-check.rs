@@ -49,7 +49,7 @@ fn main() -> Result<()> {
         ours.add_bos(),
         ours.eos_token_ids()
     );
-    let model = Model::from_gguf(&gguf, &LoadOptions { threads: 1, dequantize_weights: false })?;
+    let model = Model::from_gguf(&gguf, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() })?;
     println!("model: {:?}", model.config());
     if bad > 0 {
         bail!("{bad} mismatches");

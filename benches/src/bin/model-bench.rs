@@ -156,8 +156,11 @@ fn main() -> Result<()> {
     }
     let rss_before = status_kib("VmRSS:").unwrap_or(0);
     let t = Instant::now();
-    let model = Model::from_gguf(&a.model, &LoadOptions { threads: a.threads, dequantize_weights: false })
-        .with_context(|| format!("loading {}", a.model.display()))?;
+    let model = Model::from_gguf(
+        &a.model,
+        &LoadOptions { threads: a.threads, dequantize_weights: false, ..Default::default() },
+    )
+    .with_context(|| format!("loading {}", a.model.display()))?;
     let load_s = t.elapsed().as_secs_f64();
     let rss_model = status_kib("VmRSS:").unwrap_or(0);
     let c = model.config().clone();

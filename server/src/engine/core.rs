@@ -146,6 +146,11 @@ impl EngineCore {
                 return;
             }
         };
+        let device_argmax = if logits.device().is_cpu() || logits.dim(0).unwrap_or(0) == 0 {
+            None
+        } else {
+            logits.argmax(1).and_then(|ids| ids.to_vec1::<u32>()).ok()
+        };
         let mut row = 0;
         let mut done = Vec::new();
         for &(index, end, _) in &members {
@@ -160,26 +165,42 @@ impl EngineCore {
             if !wants_logits {
                 continue;
             }
-            let mut logits_row = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = seq.events.send(EngineEvent::Failed(format!("cannot read logits: {e}")));
-                    done.push((index, None));
+            // Plain greedy rows of logits on a GPU are decided there: one id comes back
+            // instead of the vocabulary.
+            let greedy_on_device = device_argmax.as_ref().and_then(|ids| ids.get(row).copied()).filter(|_| {
+                seq.sampler.is_plain_greedy()
+                    && seq.request.constraint.is_none()
+                    && seq.request.sampling.logprobs.is_none()
+            });
+            let (token, raw_logits) = match greedy_on_device {
+                Some(token) => {
                     row += 1;
-                    continue;
+                    (token, None)
+                }
+                None => {
+                    let mut logits_row = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let _ = seq.events.send(EngineEvent::Failed(format!("cannot read logits: {e}")));
+                            done.push((index, None));
+                            row += 1;
+                            continue;
+                        }
+                    };
+                    row += 1;
+                    // Logprobs are the model's distribution, before masks and penalties change the row.
+                    let raw_logits = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
+                    if let Some(constraint) = seq.request.constraint.as_mut()
+                        && let Err(e) = constraint.mask_logits(&mut logits_row, &seq.request.stop_tokens)
+                    {
+                        let _ = seq.events.send(EngineEvent::Failed(e));
+                        done.push((index, None));
+                        continue;
+                    }
+                    let token = seq.sampler.sample(&mut logits_row);
+                    (token, raw_logits)
                 }
             };
-            row += 1;
-            // Logprobs are the model's distribution, before masks and penalties change the row.
-            let raw_logits = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
-            if let Some(constraint) = seq.request.constraint.as_mut()
-                && let Err(e) = constraint.mask_logits(&mut logits_row, &seq.request.stop_tokens)
-            {
-                let _ = seq.events.send(EngineEvent::Failed(e));
-                done.push((index, None));
-                continue;
-            }
-            let token = seq.sampler.sample(&mut logits_row);
             seq.sampler.accept(token);
             seq.first_token.get_or_insert_with(Instant::now);
             if seq.request.stop_tokens.contains(&token) {

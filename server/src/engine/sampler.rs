@@ -129,6 +129,13 @@ impl Sampler {
         }
     }
 
+    /// Whether [`sample`](Self::sample) is a bare argmax: temperature 0 and no penalty, so the
+    /// largest logit can be found where the logits are (on a GPU) without copying them back.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);

@@ -1,0 +1,237 @@
+//! Prefill and decode speed of model shapes with random weights on one device (a GPU, usually),
+//! with each decode step compared against the memory-bandwidth floor.
+//!
+//! ```text
+//! device-bench --device cuda:0 [--shapes qwen3-0.6b,qwen3-8b] [--formats bf16,q4k]
+//!              [--batches 1,8,32] [--contexts 2048,8192] [--decode-steps 8]
+//!              [--max-prefill-pairs 134217728] [--json FILE]
+//! ```
+//!
+//! - Weights are random (`radix_models::RandomWeights`) of the named shape, made on the device:
+//!   no multi-gigabyte file to write or carry. The KV pool is bf16, pages of 16 tokens.
+//! - `decode B @ C`: B sequences whose C context positions hold random K/V (filled, not
+//!   prefilled) take `--decode-steps` steps of one token each, after two untimed ones; each step
+//!   ends with the argmax of every row read back, as the server's greedy sampler does.
+//!   ms/step, tokens/s = B / step time.
+//! - The floor of a step is the bytes it must read (every weight once, the lm_head included, plus
+//!   B x C positions of K and V in every layer) over the device-to-device copy bandwidth measured
+//!   at the start (bytes read + written per second, as copy bandwidth is usually counted).
+//!   `floor %` = floor / measured step time.
+//! - `prefill B x C`: B sequences of C new tokens, in forward passes of up to 8,192 tokens;
+//!   tokens/s = B x C / time. Skipped when B x C x C exceeds `--max-prefill-pairs` (attention
+//!   work grows with it; the default keeps one run within the device time a session has).
+//! - Shape `tiny` (2 layers, hidden 256) is for trying the tool on a CPU.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use radix_models::{
+    Device, ForwardBatch, KvDType, KvPool, LoadOptions, Model, ModelConfig, RandomFormat, RandomWeights, device_name,
+    parse_device,
+};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(about = "Prefill and decode speed of random-weight model shapes on a device")]
+struct Args {
+    /// cpu, cuda[:N] or metal.
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    /// Shapes: qwen3-0.6b, qwen3-8b, tiny.
+    #[arg(long, value_delimiter = ',', default_value = "qwen3-0.6b,qwen3-8b")]
+    shapes: Vec<String>,
+    /// Weight formats: bf16, q4k.
+    #[arg(long, value_delimiter = ',', default_value = "bf16,q4k")]
+    formats: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batches: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "2048,8192")]
+    contexts: Vec<usize>,
+    #[arg(long, default_value_t = 8)]
+    decode_steps: usize,
+    #[arg(long, default_value_t = 1 << 27)]
+    max_prefill_pairs: usize,
+    /// Host threads (CPU device only).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+const PAGE_SIZE: usize = 16;
+const PREFILL_TOKENS_PER_PASS: usize = 8192;
+
+fn shape_config(name: &str) -> Result<ModelConfig> {
+    let (hidden, layers, heads, kv_heads, inter, tied) = match name {
+        "qwen3-0.6b" => (1024, 28, 16, 8, 3072, true),
+        "qwen3-8b" => (4096, 36, 32, 8, 12288, false),
+        "tiny" => (256, 2, 4, 2, 512, true),
+        other => bail!("unknown shape `{other}` (qwen3-0.6b, qwen3-8b, tiny)"),
+    };
+    let head_dim = if name == "tiny" { 64 } else { 128 };
+    let vocab = if name == "tiny" { 1024 } else { 151_936 };
+    let json = json!({
+        "model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "intermediate_size": inter, "vocab_size": vocab, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "max_position_embeddings": 40960, "tie_word_embeddings": tied,
+    });
+    Ok(ModelConfig::from_hf_json(&json.to_string())?)
+}
+
+/// Bytes a decode step reads from weights: every matrix once, the output head included.
+fn weight_bytes(c: &ModelConfig, format: RandomFormat) -> f64 {
+    let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size;
+    let params = (c.num_layers * per_layer + c.vocab_size * c.hidden_size) as f64;
+    match format {
+        RandomFormat::BF16 => params * 2.0,
+        RandomFormat::Q4K => params * 144.0 / 256.0,
+    }
+}
+
+fn kv_bytes_per_token(c: &ModelConfig) -> f64 {
+    (c.num_layers * 2 * c.num_kv_heads * c.head_dim * 2) as f64
+}
+
+/// Device-to-device copy bandwidth, bytes read + written per second.
+fn copy_bandwidth(device: &Device) -> Result<f64> {
+    let elems = 512usize << 20; // 2 GiB of f32
+    let src = candle_core::Tensor::zeros(elems, candle_core::DType::F32, device)?;
+    let _ = src.copy()?;
+    device.synchronize()?;
+    let reps = 10;
+    let t = Instant::now();
+    for _ in 0..reps {
+        let _ = src.copy()?;
+    }
+    device.synchronize()?;
+    Ok((2 * 4 * elems * reps) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn token(i: usize, vocab: usize) -> u32 {
+    (i * 7919 % vocab) as u32
+}
+
+fn decode_step_seconds(model: &Model, pool: &mut KvPool, batch: usize, context: usize, steps: usize) -> Result<f64> {
+    let pages_per_seq = (context + steps + 4).div_ceil(PAGE_SIZE);
+    let tables: Vec<Vec<u32>> =
+        (0..batch).map(|s| ((s * pages_per_seq) as u32..((s + 1) * pages_per_seq) as u32).collect()).collect();
+    let vocab = model.config().vocab_size;
+    let mut elapsed = 0.0;
+    for step in 0..steps + 2 {
+        let mut b = ForwardBatch::default();
+        for (s, table) in tables.iter().enumerate() {
+            b.push(&[token(s + step, vocab)], context + 1 + step, table.clone(), true);
+        }
+        let t = Instant::now();
+        let logits = model.forward(&b, pool)?;
+        let ids = logits.argmax(1)?.to_vec1::<u32>()?;
+        if step >= 2 {
+            elapsed += t.elapsed().as_secs_f64();
+        }
+        anyhow::ensure!(ids.len() == batch, "one id per sequence");
+    }
+    Ok(elapsed / steps as f64)
+}
+
+fn prefill_seconds(model: &Model, pool: &mut KvPool, batch: usize, context: usize) -> Result<f64> {
+    let pages_per_seq = context.div_ceil(PAGE_SIZE);
+    let vocab = model.config().vocab_size;
+    let t = Instant::now();
+    let mut done = vec![0usize; batch];
+    while done.iter().any(|&d| d < context) {
+        let mut b = ForwardBatch::default();
+        let mut room = PREFILL_TOKENS_PER_PASS;
+        for (s, d) in done.iter_mut().enumerate() {
+            if *d == context || room == 0 {
+                continue;
+            }
+            let n = room.min(context - *d);
+            let tokens: Vec<u32> = (*d..*d + n).map(|i| token(i + s, vocab)).collect();
+            let table = ((s * pages_per_seq) as u32..((s + 1) * pages_per_seq) as u32).collect();
+            b.push(&tokens, *d + n, table, *d + n == context);
+            *d += n;
+            room -= n;
+        }
+        let logits = model.forward(&b, pool)?;
+        let _ = logits.argmax(1)?.to_vec1::<u32>()?;
+    }
+    model.device().synchronize()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let device = parse_device(&a.device)?;
+    let bandwidth = copy_bandwidth(&device)?;
+    println!("device {}: copy bandwidth {:.0} GB/s (read + write)", device_name(&device), bandwidth / 1e9);
+    println!();
+    println!("| shape | weights | run | batch | context | ms | tokens/s | floor ms | floor % |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    let max_batch = a.batches.iter().copied().max().unwrap_or(1);
+    let max_context = a.contexts.iter().copied().max().unwrap_or(1);
+    for shape in &a.shapes {
+        let config = shape_config(shape)?;
+        for format in &a.formats {
+            let format = match format.as_str() {
+                "bf16" => RandomFormat::BF16,
+                "q4k" => RandomFormat::Q4K,
+                other => bail!("unknown format `{other}` (bf16, q4k)"),
+            };
+            let t = Instant::now();
+            let weights = RandomWeights::new(config.clone(), format, 1)?;
+            let options = LoadOptions { threads: a.threads, device: device.clone(), ..Default::default() };
+            let model = Model::random(weights, &options).with_context(|| format!("{shape} {format:?}"))?;
+            let pages = max_batch * (max_context + a.decode_steps + 4).div_ceil(PAGE_SIZE);
+            let mut pool = model.new_kv_pool(PAGE_SIZE, pages, KvDType::BF16)?;
+            pool.fill_random(1.0)?;
+            device.synchronize()?;
+            eprintln!("{shape} {format:?}: weights and {pages} KV pages ready in {:.1} s", t.elapsed().as_secs_f64());
+            let weights = weight_bytes(&config, format);
+            for &context in &a.contexts {
+                for &batch in &a.batches {
+                    let step = decode_step_seconds(&model, &mut pool, batch, context, a.decode_steps)?;
+                    let floor = (weights + batch as f64 * context as f64 * kv_bytes_per_token(&config)) / bandwidth;
+                    println!(
+                        "| {shape} | {format:?} | decode | {batch} | {context} | {:.2} | {:.0} | {:.2} | {:.0}% |",
+                        step * 1e3,
+                        batch as f64 / step,
+                        floor * 1e3,
+                        100.0 * floor / step
+                    );
+                    rows.push(
+                        json!({"shape": shape, "weights": format!("{format:?}"), "run": "decode", "batch": batch,
+                        "context": context, "seconds": step, "floor_seconds": floor}),
+                    );
+                }
+            }
+            for &context in &a.contexts {
+                for &batch in &a.batches {
+                    if batch * context * context > a.max_prefill_pairs {
+                        println!(
+                            "| {shape} | {format:?} | prefill | {batch} | {context} | skipped: over --max-prefill-pairs | | | |"
+                        );
+                        continue;
+                    }
+                    let secs = prefill_seconds(&model, &mut pool, batch, context)?;
+                    println!(
+                        "| {shape} | {format:?} | prefill | {batch} | {context} | {:.1} | {:.0} | | |",
+                        secs * 1e3,
+                        (batch * context) as f64 / secs
+                    );
+                    rows.push(json!({"shape": shape, "weights": format!("{format:?}"), "run": "prefill",
+                        "batch": batch, "context": context, "seconds": secs}));
+                }
+            }
+        }
+    }
+    if let Some(path) = &a.json {
+        let doc = json!({"device": device_name(&device), "copy_bandwidth": bandwidth, "rows": rows});
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! Paged attention and K/V writes on NVIDIA GPUs (feature `cuda`).
+//!
+//! The kernels are ours (`cuda/paged_attention.cu`, compiled to PTX by `build.rs`) and run on
+//! candle's CUDA device through its custom-op API, on candle's stream, so they order with the
+//! model's matmuls without extra synchronisation. The pool layout, the batch description
+//! ([`SequenceAttention`]) and the validation are the CPU path's; only the storage differs: each
+//! layer's K and V are candle tensors on the GPU holding `layout.layer_len()` elements.
+//!
+//! A forward pass builds one [`CudaAttentionBatch`] (its page tables and work list uploaded
+//! once) and uses it in every layer.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Device, InplaceOp2, Layout, Shape, Tensor};
+
+use crate::attention::validate_sequences;
+use crate::{KernelError, PagedLayout, SequenceAttention};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+const MODULE: &str = "radix_paged_attention";
+
+/// Query rows one block scores against each K/V tile (`ROWS` in the .cu file).
+const BLOCK_ROWS: usize = 16;
+/// Keys per shared-memory tile (`KEYS` in the .cu file); split lengths are multiples of it.
+const TILE_KEYS: usize = 32;
+/// Threads per attention block (`WARPS * 32`).
+const BLOCK_THREADS: u32 = 128;
+/// Fewest keys a split of the context gets: below this, merging costs more than it saves.
+const MIN_SPLIT_KEYS: usize = 128;
+/// Head sizes with a compiled kernel.
+const HEAD_DIMS: [usize; 5] = [16, 32, 64, 96, 128];
+
+fn device_err(e: impl std::fmt::Display) -> KernelError {
+    KernelError::Device(e.to_string())
+}
+
+/// One forward pass's batch, uploaded to the GPU: sequence descriptors, page tables, the tiles
+/// of work, the new tokens' slots and how the key range is split.
+pub struct CudaAttentionBatch {
+    device: CudaDevice,
+    layout: PagedLayout,
+    num_heads: usize,
+    n_rows: usize,
+    seqs: CudaSlice<u32>,
+    page_tables: CudaSlice<u32>,
+    tiles: CudaSlice<u32>,
+    num_tiles: usize,
+    slots: CudaSlice<u32>,
+    partition: u32,
+    num_splits: u32,
+}
+
+impl std::fmt::Debug for CudaAttentionBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaAttentionBatch")
+            .field("rows", &self.n_rows)
+            .field("tiles", &self.num_tiles)
+            .field("splits", &self.num_splits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaAttentionBatch {
+    /// Validates the batch (as the CPU path does) and uploads it. `n_rows` is the number of new
+    /// tokens; `slots[i]` is the pool slot of new token `i`.
+    pub fn new(
+        device: &Device,
+        layout: &PagedLayout,
+        num_heads: usize,
+        n_rows: usize,
+        seqs: &[SequenceAttention],
+        slots: &[u32],
+    ) -> Result<Self, KernelError> {
+        layout.validate()?;
+        if num_heads == 0 || num_heads % layout.num_kv_heads != 0 {
+            return Err(KernelError::HeadsNotMultiple { num_heads, num_kv_heads: layout.num_kv_heads });
+        }
+        if !HEAD_DIMS.contains(&layout.head_dim) {
+            return Err(device_err(format!(
+                "head_dim {} has no CUDA kernel (supported: {HEAD_DIMS:?})",
+                layout.head_dim
+            )));
+        }
+        let group = num_heads / layout.num_kv_heads;
+        if group > BLOCK_ROWS {
+            return Err(device_err(format!(
+                "{group} query heads per KV head; the CUDA kernel takes at most {BLOCK_ROWS}"
+            )));
+        }
+        validate_sequences(layout, n_rows, seqs)?;
+        if slots.len() != n_rows {
+            return Err(KernelError::LengthMismatch { what: "slots", expected: n_rows, actual: slots.len() });
+        }
+        if let Some((row, &slot)) = slots.iter().enumerate().find(|&(_, &s)| s as usize >= layout.num_slots()) {
+            return Err(KernelError::SlotOutOfRange { row, slot, num_slots: layout.num_slots() });
+        }
+        let words = |n: usize, what: &str| {
+            u32::try_from(n).map_err(|_| device_err(format!("{what} {n} does not fit the kernel's 32-bit indices")))
+        };
+        words(layout.num_slots().saturating_mul(layout.slot_len()), "pool size")?;
+
+        let tokens_per_tile = BLOCK_ROWS / group;
+        let (mut seq_words, mut page_words, mut tile_words) = (Vec::new(), Vec::new(), Vec::new());
+        let mut longest_keys = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let pages = s.context_len.div_ceil(layout.page_size);
+            seq_words.extend([
+                words(s.query_start, "row")?,
+                words(s.query_len, "query length")?,
+                words(s.context_len, "context length")?,
+                words(page_words.len(), "page table offset")?,
+            ]);
+            page_words.extend_from_slice(&s.page_table[..pages]);
+            for first in (0..s.query_len).step_by(tokens_per_tile) {
+                let n = tokens_per_tile.min(s.query_len - first);
+                tile_words.extend([i as u32, first as u32, n as u32]);
+            }
+            longest_keys = longest_keys.max(s.context_len);
+        }
+        let num_tiles = tile_words.len() / 3;
+
+        // Enough blocks to cover the GPU several times over; split the keys only when the tiles
+        // alone do not (few sequences decoding over long contexts).
+        let cuda = device.as_cuda_device().map_err(device_err)?;
+        let target_blocks = 4 * multiprocessors(cuda).max(1);
+        let blocks = num_tiles * layout.num_kv_heads;
+        let mut num_splits = 1;
+        let mut partition = longest_keys.max(1).next_multiple_of(TILE_KEYS);
+        if blocks > 0 && blocks < target_blocks && longest_keys > MIN_SPLIT_KEYS {
+            let wanted = target_blocks.div_ceil(blocks).min(longest_keys / MIN_SPLIT_KEYS).max(1);
+            partition = longest_keys.div_ceil(wanted).next_multiple_of(TILE_KEYS);
+            num_splits = longest_keys.div_ceil(partition);
+        }
+
+        let upload = |v: &[u32]| -> Result<CudaSlice<u32>, KernelError> {
+            // Empty uploads are not allowed; the kernels never read past the counts they get.
+            if v.is_empty() { cuda.clone_htod(&[0u32][..]) } else { cuda.clone_htod(v) }.map_err(device_err)
+        };
+        Ok(CudaAttentionBatch {
+            device: cuda.clone(),
+            layout: *layout,
+            num_heads,
+            n_rows,
+            seqs: upload(&seq_words)?,
+            page_tables: upload(&page_words)?,
+            tiles: upload(&tile_words)?,
+            num_tiles,
+            slots: upload(slots)?,
+            partition: partition as u32,
+            num_splits: num_splits as u32,
+        })
+    }
+
+    /// Into how many parts each context's keys are split (1: no merge pass).
+    pub fn num_splits(&self) -> usize {
+        self.num_splits as usize
+    }
+
+    /// Writes the new tokens' K and V (`[n_rows, num_kv_heads * head_dim]` f32 on the GPU) into
+    /// their slots of one layer's caches, rounding to the caches' type.
+    pub fn write_kv(
+        &self,
+        k_new: &Tensor,
+        v_new: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+    ) -> Result<(), KernelError> {
+        let expected = self.n_rows * self.layout.slot_len();
+        for (name, new) in [("k_new", k_new), ("v_new", v_new)] {
+            check_f32_rows(name, new, expected)?;
+        }
+        for (name, cache) in [("k_cache", k_cache), ("v_cache", v_cache)] {
+            check_cache(name, cache, &self.layout)?;
+        }
+        if self.n_rows == 0 {
+            return Ok(());
+        }
+        let op = WriteKvOp { batch: self };
+        k_cache.inplace_op2(&k_new.contiguous().map_err(device_err)?, &op).map_err(device_err)?;
+        v_cache.inplace_op2(&v_new.contiguous().map_err(device_err)?, &op).map_err(device_err)?;
+        Ok(())
+    }
+
+    /// Causal attention of the new tokens (`q`: `[n_rows, num_heads * head_dim]` f32 on the GPU)
+    /// over their sequences' contexts in one layer's caches (the new tokens' K/V written first).
+    /// Returns `[n_rows, num_heads * head_dim]` f32.
+    pub fn attention(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, scale: f32) -> Result<Tensor, KernelError> {
+        if !scale.is_finite() {
+            return Err(KernelError::NonFiniteScale(scale));
+        }
+        check_f32_rows("q", q, self.n_rows * self.num_heads * self.layout.head_dim)?;
+        check_cache("k_cache", k_cache, &self.layout)?;
+        check_cache("v_cache", v_cache, &self.layout)?;
+        if k_cache.dtype() != v_cache.dtype() {
+            return Err(device_err("k_cache and v_cache have different types"));
+        }
+        let q = q.contiguous().map_err(device_err)?;
+        q.apply_op3_no_bwd(k_cache, v_cache, &AttentionOp { batch: self, scale }).map_err(device_err)
+    }
+
+    fn func(&self, name: &str) -> candle_core::Result<CudaFunction> {
+        Ok(self.device.get_or_load_custom_func(name, MODULE, PTX)?.into_cuda_function())
+    }
+}
+
+/// The number of streaming multiprocessors of the device (to size the work split).
+fn multiprocessors(device: &CudaDevice) -> usize {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    device
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map(|n| n as usize)
+        .unwrap_or(108)
+}
+
+fn check_f32_rows(what: &'static str, t: &Tensor, len: usize) -> Result<(), KernelError> {
+    if !t.device().is_cuda() || t.dtype() != DType::F32 {
+        return Err(device_err(format!(
+            "{what} must be f32 on the CUDA device, got {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        )));
+    }
+    if t.elem_count() != len {
+        return Err(KernelError::LengthMismatch { what, expected: len, actual: t.elem_count() });
+    }
+    Ok(())
+}
+
+fn check_cache(what: &'static str, t: &Tensor, layout: &PagedLayout) -> Result<(), KernelError> {
+    if !t.device().is_cuda() || !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        return Err(device_err(format!(
+            "{what} must be f32, f16 or bf16 on the CUDA device, got {:?} on {:?}",
+            t.dtype(),
+            t.device()
+        )));
+    }
+    if !t.is_contiguous() || t.layout().start_offset() != 0 {
+        return Err(device_err(format!("{what} must be a whole contiguous tensor")));
+    }
+    if t.elem_count() != layout.layer_len() {
+        return Err(KernelError::LengthMismatch { what, expected: layout.layer_len(), actual: t.elem_count() });
+    }
+    Ok(())
+}
+
+/// The contiguous f32 data of a tensor's storage, from its start offset.
+fn f32_view<'a>(s: &'a CudaStorage, l: &Layout) -> candle_core::Result<CudaView<'a, f32>> {
+    if !l.is_contiguous() {
+        candle_core::bail!("expected a contiguous tensor");
+    }
+    Ok(s.as_cuda_slice::<f32>()?.slice(l.start_offset()..))
+}
+
+/// Writes one cache (the op's destination) from the new rows (the source).
+struct WriteKvOp<'a> {
+    batch: &'a CudaAttentionBatch,
+}
+
+impl InplaceOp2 for WriteKvOp<'_> {
+    fn name(&self) -> &'static str {
+        "radix-write-kv"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("radix-write-kv runs on CUDA only; the CPU path is radix_kernels::write_kv")
+    }
+
+    fn cuda_fwd(
+        &self,
+        dst: &mut CudaStorage,
+        _dst_l: &Layout,
+        rows: &CudaStorage,
+        rows_l: &Layout,
+    ) -> candle_core::Result<()> {
+        let b = self.batch;
+        let rows = f32_view(rows, rows_l)?;
+        let (n_rows, slot_len) = (b.n_rows as u32, b.layout.slot_len() as u32);
+        let cfg = LaunchConfig { grid_dim: (n_rows, 1, 1), block_dim: (slot_len.min(256), 1, 1), shared_mem_bytes: 0 };
+        fn launch<T: DeviceRepr>(
+            b: &CudaAttentionBatch,
+            name: &str,
+            cfg: LaunchConfig,
+            rows: &CudaView<'_, f32>,
+            cache: &mut CudaSlice<T>,
+            n_rows: u32,
+            slot_len: u32,
+        ) -> candle_core::Result<()> {
+            let func = b.func(name)?;
+            let stream = b.device.cuda_stream();
+            let mut args = stream.launch_builder(&func);
+            args.arg(rows).arg(&b.slots).arg(cache).arg(&n_rows).arg(&slot_len);
+            // SAFETY: argument types and order match the kernel; every slot was checked against
+            // the pool's size, and the row count against the new rows' length.
+            unsafe { args.launch(cfg) }.map_err(|e| candle_core::Error::Cuda(Box::new(e)))?;
+            Ok(())
+        }
+        match &mut dst.slice {
+            CudaStorageSlice::F32(c) => launch(b, "radix_write_kv_f32", cfg, &rows, c, n_rows, slot_len),
+            CudaStorageSlice::F16(c) => launch(b, "radix_write_kv_f16", cfg, &rows, c, n_rows, slot_len),
+            CudaStorageSlice::BF16(c) => launch(b, "radix_write_kv_bf16", cfg, &rows, c, n_rows, slot_len),
+            _ => candle_core::bail!("KV cache of type {:?}", dst.dtype()),
+        }
+    }
+}
+
+struct AttentionOp<'a> {
+    batch: &'a CudaAttentionBatch,
+    scale: f32,
+}
+
+impl CustomOp3 for AttentionOp<'_> {
+    fn name(&self) -> &'static str {
+        "radix-paged-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("radix-paged-attention runs on CUDA only; the CPU path is radix_kernels::paged_attention")
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &CudaStorage,
+        q_l: &Layout,
+        k: &CudaStorage,
+        _k_l: &Layout,
+        v: &CudaStorage,
+        _v_l: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let b = self.batch;
+        let d = b.layout.head_dim;
+        let q = f32_view(q, q_l)?;
+        let len = b.n_rows * b.num_heads * d;
+        let out = b.device.alloc_zeros::<f32>(len.max(1))?;
+        let shape = Shape::from((b.n_rows, b.num_heads * d));
+        if b.num_tiles == 0 {
+            return Ok((CudaStorage::wrap_cuda_slice(out, b.device.clone()), shape));
+        }
+        let splits = b.num_splits as usize;
+        // Partial results only exist when the keys are split.
+        let part_len = if splits > 1 { b.n_rows * b.num_heads * splits } else { 1 };
+        let part_acc = b.device.alloc_zeros::<f32>(part_len * d)?;
+        let part_ml = b.device.alloc_zeros::<f32>(part_len * 2)?;
+        let smem_floats = BLOCK_ROWS * d + TILE_KEYS * (d + 1) + TILE_KEYS * d;
+        let cfg = LaunchConfig {
+            grid_dim: (b.num_tiles as u32, b.num_splits, b.layout.num_kv_heads as u32),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: (smem_floats * 4) as u32,
+        };
+        let suffix = match (&k.slice, &v.slice) {
+            (CudaStorageSlice::F32(_), CudaStorageSlice::F32(_)) => "f32",
+            (CudaStorageSlice::F16(_), CudaStorageSlice::F16(_)) => "f16",
+            (CudaStorageSlice::BF16(_), CudaStorageSlice::BF16(_)) => "bf16",
+            _ => candle_core::bail!("KV caches of types {:?} and {:?}", k.dtype(), v.dtype()),
+        };
+        let func = b.func(&format!("radix_attention_{suffix}_d{d}"))?;
+        let scale_log2 = self.scale * std::f32::consts::LOG2_E;
+        let (num_heads, num_kv_heads, page_size) =
+            (b.num_heads as u32, b.layout.num_kv_heads as u32, b.layout.page_size as u32);
+        let stream = b.device.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&q);
+        match (&k.slice, &v.slice) {
+            (CudaStorageSlice::F32(k), CudaStorageSlice::F32(v)) => args.arg(k).arg(v),
+            (CudaStorageSlice::F16(k), CudaStorageSlice::F16(v)) => args.arg(k).arg(v),
+            (CudaStorageSlice::BF16(k), CudaStorageSlice::BF16(v)) => args.arg(k).arg(v),
+            _ => unreachable!("matched above"),
+        };
+        args.arg(&b.seqs).arg(&b.page_tables).arg(&b.tiles).arg(&out).arg(&part_acc).arg(&part_ml);
+        args.arg(&num_heads).arg(&num_kv_heads).arg(&page_size).arg(&b.partition).arg(&b.num_splits);
+        args.arg(&scale_log2);
+        // SAFETY: argument types and order match the kernel; the batch was validated against the
+        // pool layout (rows, page tables, pages), the caches against its size, and every buffer
+        // the kernel writes was sized here for the rows, heads and splits it covers.
+        unsafe { args.launch(cfg) }.map_err(|e| candle_core::Error::Cuda(Box::new(e)))?;
+        if splits > 1 {
+            let combine = b.func("radix_attention_combine")?;
+            let cfg = LaunchConfig {
+                grid_dim: ((b.n_rows * b.num_heads) as u32, 1, 1),
+                block_dim: (d as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (num_splits, head_dim) = (b.num_splits, d as u32);
+            let mut args = stream.launch_builder(&combine);
+            args.arg(&part_acc).arg(&part_ml).arg(&out).arg(&num_splits).arg(&head_dim);
+            // SAFETY: the partial buffers hold num_splits entries for every (row, head), as the
+            // attention kernel wrote them; `out` has one head_dim row per (row, head).
+            unsafe { args.launch(cfg) }.map_err(|e| candle_core::Error::Cuda(Box::new(e)))?;
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, b.device.clone()), shape))
+    }
+}
