@@ -11,6 +11,7 @@
 # $CUDA_TARGET_DIR, default ~/.cache/radix-serve/target-cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The setup lives beside the checkout (../shared), as on CI and the development machines.
 setup="${CUDA_CI_SETUP:-../shared/cuda-ci-setup.sh}"
 if [ ! -f "$setup" ]; then
   echo "cuda-check: SKIPPED: $setup (the CUDA compiler setup for machines without a GPU) is not here;" \

@@ -322,7 +322,8 @@ struct Ctx<'a, T> {
     num_heads: usize,
     group: usize,
     plan: Plan,
-    /// Use the AVX2 build of the inner loops (x86_64 only).
+    /// Use the AVX2 build of the inner loops (x86_64 only; never read elsewhere).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx2: bool,
     scale: f32,
     q: &'a [f32],

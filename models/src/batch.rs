@@ -1,5 +1,7 @@
 //! What one forward pass computes: the new tokens of several sequences, packed.
 
+use radix_kernels::SequenceAttention;
+
 use crate::error::{ModelError, Result};
 
 /// One sequence's part of a batch.
@@ -53,6 +55,19 @@ impl ForwardBatch {
             .flat_map(|s| {
                 (s.context_len - s.len..s.context_len)
                     .map(move |p| s.page_table[p / page_size] * page_size as u32 + (p % page_size) as u32)
+            })
+            .collect()
+    }
+
+    /// Each sequence as the attention kernels take it.
+    pub fn attention_sequences(&self) -> Vec<SequenceAttention<'_>> {
+        self.sequences
+            .iter()
+            .map(|s| SequenceAttention {
+                query_start: s.start,
+                query_len: s.len,
+                context_len: s.context_len,
+                page_table: &s.page_table,
             })
             .collect()
     }

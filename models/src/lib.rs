@@ -8,6 +8,7 @@ pub mod tokenizer;
 
 pub mod batch;
 pub mod config;
+mod cpu_matmul;
 pub mod device;
 pub mod error;
 pub mod kv_pool;

@@ -289,16 +289,7 @@ impl Model {
         let step = StepContext {
             angles: self.rope.angles(batch.positions()),
             slots: batch.slots(layout.page_size),
-            seqs: batch
-                .sequences
-                .iter()
-                .map(|s| SequenceAttention {
-                    query_start: s.start,
-                    query_len: s.len,
-                    context_len: s.context_len,
-                    page_table: &s.page_table,
-                })
-                .collect(),
+            seqs: batch.attention_sequences(),
             layout,
         };
         self.threads.install(|| {

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use radix_kernels::quant::Q8_0Matrix;
 
 use crate::config::{Architecture, ModelConfig};
+use crate::cpu_matmul::{host_forward, q8_0_matrix};
 use crate::error::{ModelError, Result};
 use crate::random_weights::RandomWeights;
 
@@ -44,7 +45,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::Candle(m) => m.forward(x)?,
-            Weight::Q8_0(m) => q8_0_forward(m, x)?,
+            Weight::Q8_0(m) => host_forward(x, m.k(), m.n_out(), |x, out| m.matmul(x, out))?,
             Weight::Dense(w) => x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(DType::F32)?,
         };
         Ok(match &self.bias {
@@ -52,34 +53,6 @@ impl Linear {
             None => y,
         })
     }
-}
-
-/// `x @ W^T` for `x` of shape `[..., k]`, on the current rayon pool.
-fn q8_0_forward(m: &Q8_0Matrix, x: &Tensor) -> Result<Tensor> {
-    let mut dims = x.dims().to_vec();
-    match dims.last_mut() {
-        Some(last) if *last == m.k() => *last = m.n_out(),
-        _ => {
-            return Err(ModelError::Config(format!("input of shape {dims:?} for a [{}, {}] matrix", m.n_out(), m.k())));
-        }
-    }
-    let x = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0.0f32; x.len() / m.k() * m.n_out()];
-    m.matmul(&x, &mut out)?;
-    Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
-}
-
-/// Our Q8_0 matrix for a Q8_0 tensor of shape `[n_out, k]`; `None` for other types.
-fn q8_0_matrix(q: &QTensor, notes: &mut Vec<String>) -> Result<Option<Arc<Q8_0Matrix>>> {
-    let &[n_out, k] = q.shape().dims() else { return Ok(None) };
-    if q.dtype() != GgmlDType::Q8_0 {
-        return Ok(None);
-    }
-    let note = "Q8_0 matmuls run on radix-kernels' int8 kernel".to_owned();
-    if !notes.contains(&note) {
-        notes.push(note);
-    }
-    Ok(Some(Arc::new(Q8_0Matrix::from_ggml_bytes(n_out, k, &q.data()?)?)))
 }
 
 /// The token embedding: quantized rows are dequantized only for the tokens looked up.

@@ -28,7 +28,9 @@ pub(crate) const MAX_ROWS: usize = 8;
 /// What [`KMatrix::dot`] returns: `[activation row][weight row]`.
 pub(crate) type DotOut = [[f32; MAX_ROWS]; NX];
 
-/// Runs `f::<N>` for `N = n` (`1..=NX`) and pads the result to `NX` rows.
+/// Runs `f::<N>` for `N = n` (`1..=NX`) and pads the result to `NX` rows (the x86 kernels'
+/// helper; the portable kernel has no use for it).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn dispatch<const A: usize, const B: usize, const C: usize, const D: usize>(
     n: usize,

@@ -60,16 +60,7 @@ impl Model {
         // each token is its own batch entry at its own position.
         let cos = Tensor::from_slice(cos, (n, 1, half), device)?;
         let sin = Tensor::from_slice(sin, (n, 1, half), device)?;
-        let seqs: Vec<SequenceAttention> = batch
-            .sequences
-            .iter()
-            .map(|s| SequenceAttention {
-                query_start: s.start,
-                query_len: s.len,
-                context_len: s.context_len,
-                page_table: &s.page_table,
-            })
-            .collect();
+        let seqs = batch.attention_sequences();
         let slots = batch.slots(layout.page_size);
         let pass = Pass { cos, sin, attention: self.plan_attention(&layout, n, &seqs, &slots)?, layout: &layout };
 
