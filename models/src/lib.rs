@@ -7,6 +7,7 @@
 pub mod tokenizer;
 
 pub mod batch;
+mod candle_pool;
 pub mod config;
 mod cpu_matmul;
 pub mod device;
@@ -19,6 +20,7 @@ pub mod source;
 mod weights;
 
 pub use batch::{ForwardBatch, SequenceChunk};
+pub use candle_pool::configure_candle_pool;
 pub use config::{Architecture, ModelConfig};
 pub use device::{Device, device_name, parse_device};
 pub use error::{ModelError, Result};

@@ -29,7 +29,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
     if cli.command.is_none() {
-        serve::size_candle_pool(cli.serve.threads());
+        radix_models::configure_candle_pool(cli.serve.threads());
         serve::limit_malloc_arenas();
     }
     let result = match cli.command {

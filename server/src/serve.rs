@@ -76,27 +76,6 @@ impl ServeArgs {
     }
 }
 
-/// candle runs quantized matmuls on its own spinning pool, sized once from `CANDLE_NUM_THREADS`
-/// (else every physical core) when it is first used; size it from `--threads` so the model has
-/// one thread count. Measured under load (benches/README.md), a pool larger than the free cores
-/// collapses decode speed; `CANDLE_NUM_THREADS=1` set by the user is kept.
-///
-/// Its idle workers also spin 25,000 times before parking; with a core taken by another process
-/// that spinning starves the matmul (SmolLM2 decode fell to 15-57 tok/s from 100 idle), while
-/// 2,000 spins keep idle speed (112 tok/s) and hold 51-57 tok/s with one core busy
-/// (benches/README.md, "Threads"). A value set by the user is kept.
-pub fn size_candle_pool(threads: usize) {
-    for (name, value) in
-        [("CANDLE_NUM_THREADS", threads.to_string()), ("CANDLE_BARRIER_POOL_SPIN_LIMIT", "2000".into())]
-    {
-        if std::env::var_os(name).is_none() {
-            // SAFETY: called from `main` before any other thread exists (no runtime, no model
-            // yet), so nothing reads the environment concurrently.
-            unsafe { std::env::set_var(name, value) };
-        }
-    }
-}
-
 /// One malloc arena: every thread of ours allocating in an arena of its own kept ~37 MiB more
 /// resident at peak while serving SmolLM2 (540 against 503 MiB, same requests), at no measured
 /// cost in prefill speed.

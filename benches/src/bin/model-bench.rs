@@ -147,13 +147,9 @@ fn main() -> Result<()> {
         "f32" => KvDType::F32,
         other => bail!("unknown --kv-dtype {other}"),
     };
-    // candle 0.11 runs quantized matmuls on its own barrier pool, sized by CANDLE_NUM_THREADS
-    // (else RAYON_NUM_THREADS, else the physical cores), not by the model's thread pool: pin it
-    // to --threads so both runtimes use the same number of cores.
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // SAFETY: no other thread exists yet.
-        unsafe { std::env::set_var("CANDLE_NUM_THREADS", a.threads.to_string()) };
-    }
+    // candle's matmul pool as radix-serve configures it (threads and spin limit), so this times
+    // the server's model path. No other thread exists yet.
+    radix_models::configure_candle_pool(a.threads);
     let rss_before = status_kib("VmRSS:").unwrap_or(0);
     let t = Instant::now();
     let model = Model::from_gguf(
@@ -251,6 +247,7 @@ fn main() -> Result<()> {
         "file_bytes": file_bytes,
         "threads": a.threads,
         "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").unwrap_or_default(),
+        "candle_spin_limit": std::env::var("CANDLE_BARRIER_POOL_SPIN_LIMIT").unwrap_or_default(),
         "reps": a.reps,
         "load_seconds": load_s,
         "kv": {"dtype": a.kv_dtype, "page_size": a.page_size, "pages": pool.num_pages(), "bytes": kv_bytes,
