@@ -17,19 +17,14 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Device, InplaceOp2, Layout, Shape, Tensor};
 
 use crate::attention::validate_sequences;
+use crate::gpu_plan::{BLOCK_ROWS, GpuPlan, TILE_KEYS};
 use crate::{KernelError, PagedLayout, SequenceAttention};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 const MODULE: &str = "radix_paged_attention";
 
-/// Query rows one block scores against each K/V tile (`ROWS` in the .cu file).
-const BLOCK_ROWS: usize = 16;
-/// Keys per shared-memory tile (`KEYS` in the .cu file); split lengths are multiples of it.
-const TILE_KEYS: usize = 32;
 /// Threads per attention block (`WARPS * 32`).
 const BLOCK_THREADS: u32 = 128;
-/// Fewest keys a split of the context gets: below this, merging costs more than it saves.
-const MIN_SPLIT_KEYS: usize = 128;
 /// Head sizes with a compiled kernel.
 const HEAD_DIMS: [usize; 5] = [16, 32, 64, 96, 128];
 
@@ -84,12 +79,6 @@ impl CudaAttentionBatch {
                 layout.head_dim
             )));
         }
-        let group = num_heads / layout.num_kv_heads;
-        if group > BLOCK_ROWS {
-            return Err(device_err(format!(
-                "{group} query heads per KV head; the CUDA kernel takes at most {BLOCK_ROWS}"
-            )));
-        }
         validate_sequences(layout, n_rows, seqs)?;
         if slots.len() != n_rows {
             return Err(KernelError::LengthMismatch { what: "slots", expected: n_rows, actual: slots.len() });
@@ -97,43 +86,9 @@ impl CudaAttentionBatch {
         if let Some((row, &slot)) = slots.iter().enumerate().find(|&(_, &s)| s as usize >= layout.num_slots()) {
             return Err(KernelError::SlotOutOfRange { row, slot, num_slots: layout.num_slots() });
         }
-        let words = |n: usize, what: &str| {
-            u32::try_from(n).map_err(|_| device_err(format!("{what} {n} does not fit the kernel's 32-bit indices")))
-        };
-        words(layout.num_slots().saturating_mul(layout.slot_len()), "pool size")?;
-
-        let tokens_per_tile = BLOCK_ROWS / group;
-        let (mut seq_words, mut page_words, mut tile_words) = (Vec::new(), Vec::new(), Vec::new());
-        let mut longest_keys = 0;
-        for (i, s) in seqs.iter().enumerate() {
-            let pages = s.context_len.div_ceil(layout.page_size);
-            seq_words.extend([
-                words(s.query_start, "row")?,
-                words(s.query_len, "query length")?,
-                words(s.context_len, "context length")?,
-                words(page_words.len(), "page table offset")?,
-            ]);
-            page_words.extend_from_slice(&s.page_table[..pages]);
-            for first in (0..s.query_len).step_by(tokens_per_tile) {
-                let n = tokens_per_tile.min(s.query_len - first);
-                tile_words.extend([i as u32, first as u32, n as u32]);
-            }
-            longest_keys = longest_keys.max(s.context_len);
-        }
-        let num_tiles = tile_words.len() / 3;
-
-        // Enough blocks to cover the GPU several times over; split the keys only when the tiles
-        // alone do not (few sequences decoding over long contexts).
+        // Enough blocks to cover the GPU several times over (keys split only short of that).
         let cuda = device.as_cuda_device().map_err(device_err)?;
-        let target_blocks = 4 * multiprocessors(cuda).max(1);
-        let blocks = num_tiles * layout.num_kv_heads;
-        let mut num_splits = 1;
-        let mut partition = longest_keys.max(1).next_multiple_of(TILE_KEYS);
-        if blocks > 0 && blocks < target_blocks && longest_keys > MIN_SPLIT_KEYS {
-            let wanted = target_blocks.div_ceil(blocks).min(longest_keys / MIN_SPLIT_KEYS).max(1);
-            partition = longest_keys.div_ceil(wanted).next_multiple_of(TILE_KEYS);
-            num_splits = longest_keys.div_ceil(partition);
-        }
+        let plan = GpuPlan::new(layout, num_heads, seqs, 4 * multiprocessors(cuda).max(1))?;
 
         let upload = |v: &[u32]| -> Result<CudaSlice<u32>, KernelError> {
             // Empty uploads are not allowed; the kernels never read past the counts they get.
@@ -144,13 +99,13 @@ impl CudaAttentionBatch {
             layout: *layout,
             num_heads,
             n_rows,
-            seqs: upload(&seq_words)?,
-            page_tables: upload(&page_words)?,
-            tiles: upload(&tile_words)?,
-            num_tiles,
+            seqs: upload(&plan.seq_words)?,
+            page_tables: upload(&plan.page_words)?,
+            tiles: upload(&plan.tile_words)?,
+            num_tiles: plan.num_tiles(),
             slots: upload(slots)?,
-            partition: partition as u32,
-            num_splits: num_splits as u32,
+            partition: plan.partition as u32,
+            num_splits: plan.num_splits as u32,
         })
     }
 

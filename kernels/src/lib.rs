@@ -39,6 +39,7 @@ mod attention;
 pub mod cuda;
 mod element;
 mod error;
+mod gpu_plan;
 mod layout;
 pub mod quant;
 mod vector;
