@@ -291,3 +291,47 @@ impl KvDType {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    fn config() -> ModelConfig {
+        ModelConfig::from_hf_json(
+            r#"{"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 32,
+                "rms_norm_eps": 1e-6}"#,
+        )
+        .unwrap()
+    }
+
+    /// Host vectors and device tensors (here on the CPU) behave alike: copy-on-write of a partly
+    /// filled page copies exactly its first slots in every layer, K and V.
+    #[test]
+    fn copy_page_copies_the_first_slots_of_every_layer_in_both_storages() {
+        let c = config();
+        for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
+            let pools =
+                [KvPool::new(&c, 4, 6, dtype).unwrap(), KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap()];
+            for mut pool in pools {
+                pool.fill_random(1.0).unwrap();
+                let before: Vec<_> = (0..24).map(|s| pool.try_read_slot(1, s).unwrap()).collect();
+                pool.copy_page(1, 4, 3).unwrap();
+                for layer in 0..2 {
+                    for slot in 0..24 {
+                        let got = pool.try_read_slot(layer, slot).unwrap();
+                        let want = match slot {
+                            16..=18 => pool.try_read_slot(layer, slot - 12).unwrap(),
+                            _ if layer == 1 => before[slot].clone(),
+                            _ => got.clone(),
+                        };
+                        assert_eq!(got, want, "{dtype:?} layer {layer} slot {slot}");
+                    }
+                }
+                assert_ne!(pool.try_read_slot(1, 19).unwrap(), pool.try_read_slot(1, 7).unwrap());
+                assert!(pool.copy_page(6, 0, 1).is_err() && pool.copy_page(0, 1, 5).is_err());
+            }
+        }
+    }
+}

@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// (macOS, `--features metal`). The KV cache budget is then GPU memory.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Run the tensor path, the code GPUs run (candle ops, a KV pool of tensors, gathered
+    /// attention), on the CPU: slower than the CPU path; for testing that path end to end
+    /// without a GPU.
+    #[arg(long)]
+    tensor_path: bool,
     /// Use this chat template instead of the model's.
     #[arg(long)]
     chat_template_file: Option<PathBuf>,
@@ -153,7 +158,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let device = parse_device(&args.device).with_context(|| format!("--device {}", args.device))?;
-    let options = LoadOptions { threads, device, ..LoadOptions::default() };
+    let options = LoadOptions { threads, device, tensor_path: args.tensor_path, ..LoadOptions::default() };
     let model = Model::load_with_progress(files.path(), &options, &mut bar)
         .with_context(|| format!("cannot load {}", files.path().display()))?;
     for note in model.load_notes() {
