@@ -319,11 +319,11 @@ mod tests {
                 let before: Vec<_> = (0..24).map(|s| pool.try_read_slot(1, s).unwrap()).collect();
                 pool.copy_page(1, 4, 3).unwrap();
                 for layer in 0..2 {
-                    for slot in 0..24 {
+                    for (slot, old) in before.iter().enumerate() {
                         let got = pool.try_read_slot(layer, slot).unwrap();
                         let want = match slot {
                             16..=18 => pool.try_read_slot(layer, slot - 12).unwrap(),
-                            _ if layer == 1 => before[slot].clone(),
+                            _ if layer == 1 => old.clone(),
                             _ => got.clone(),
                         };
                         assert_eq!(got, want, "{dtype:?} layer {layer} slot {slot}");
