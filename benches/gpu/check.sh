@@ -45,6 +45,7 @@ for part in .gpu/smollm2.part0 .gpu-model/smollm2.part1; do [ -f "$part" ] && cp
 [ -f .gpu/smollm2.sha256 ] && cp .gpu/smollm2.sha256 /tmp/radix/
 
 if [ "$phase" = kernels ] || [ "$phase" = all ]; then
+  : >"$OUT/check.log" # a fresh log, so device-bench.md below holds this run's tables only
   log "machine"; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee -a "$OUT/check.log"
   ldd "$bin/radix-serve" | grep -i 'not found' | tee -a "$OUT/check.log"
   step 90 "CUDA kernels vs CPU kernels" "$bin/cuda_attention" --nocapture --test-threads=1
