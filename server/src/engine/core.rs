@@ -165,29 +165,26 @@ impl EngineCore {
             if !wants_logits {
                 continue;
             }
+            let this_row = row;
+            row += 1;
             // Plain greedy rows of logits on a GPU are decided there: one id comes back
             // instead of the vocabulary.
-            let greedy_on_device = device_argmax.as_ref().and_then(|ids| ids.get(row).copied()).filter(|_| {
+            let greedy_on_device = device_argmax.as_ref().and_then(|ids| ids.get(this_row).copied()).filter(|_| {
                 seq.sampler.is_plain_greedy()
                     && seq.request.constraint.is_none()
                     && seq.request.sampling.logprobs.is_none()
             });
             let (token, raw_logits) = match greedy_on_device {
-                Some(token) => {
-                    row += 1;
-                    (token, None)
-                }
+                Some(token) => (token, None),
                 None => {
-                    let mut logits_row = match logits.get(row).and_then(|r| r.to_vec1::<f32>()) {
+                    let mut logits_row = match logits.get(this_row).and_then(|r| r.to_vec1::<f32>()) {
                         Ok(v) => v,
                         Err(e) => {
                             let _ = seq.events.send(EngineEvent::Failed(format!("cannot read logits: {e}")));
                             done.push((index, None));
-                            row += 1;
                             continue;
                         }
                     };
-                    row += 1;
                     // Logprobs are the model's distribution, before masks and penalties change the row.
                     let raw_logits = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
                     if let Some(constraint) = seq.request.constraint.as_mut()
