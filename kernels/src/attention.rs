@@ -2,9 +2,13 @@
 //!
 //! Flash-attention style: a task takes a block of query rows (query tokens x
 //! query heads of one GQA group), walks the context in tiles of [`TILE`]
-//! positions, converts each tile's K and V rows to f32 once into scratch, and
-//! runs register-blocked kernels ([`tile`]) for the tile's scores and weighted
-//! sum of all rows, with an online softmax per row in between.
+//! positions and runs register-blocked kernels ([`tile`]) for the tile's
+//! scores and weighted sum of all rows, with an online softmax per row in
+//! between. Tasks of many rows (prefill) convert each tile's K and V rows to
+//! f32 once into scratch; tasks of few rows (decode) read the pool in place
+//! and convert in registers. The online softmax restarts every [`CHUNK`]
+//! positions and the chunks' states are merged ([`partial`]), so a long
+//! context can be split across threads without changing any result.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -12,12 +16,32 @@ use std::marker::PhantomData;
 use rayon::prelude::*;
 
 use crate::vector::scale;
-use crate::write::check_len;
 use crate::{KernelError, KvElement, PagedLayout};
 
+mod partial;
+mod plan;
+mod source;
 mod tile;
+mod validate;
 
-use tile::TILE;
+use partial::{PartialBuf, finish_row, finish_row_in_place, merge_partial};
+use plan::Plan;
+use source::{Converted, InPlace, PageWalk, TileSource};
+use tile::{TILE, TileElement};
+use validate::validate;
+#[cfg(feature = "cuda")]
+pub(crate) use validate::validate_sequences;
+
+/// Context positions per chunk: the online softmax of every row restarts at
+/// each multiple of `CHUNK` and the chunks' partial states are merged in
+/// order. Fixed (not derived from the thread count or page size) so that
+/// results are the same however the context is split.
+const CHUNK: usize = 256;
+
+/// Most rows of a task that reads K/V in place (converting in registers as
+/// the kernels load them); larger tasks convert each tile once into scratch,
+/// which their many rows then share.
+const IN_PLACE_MAX_ROWS: usize = 12;
 
 /// Most query rows (query token x query head of one GQA group) one task
 /// scores against each K/V tile: every K/V row read from the pool (and
@@ -27,10 +51,11 @@ use tile::TILE;
 /// 64 KiB at 128; still ~5% faster than 24 rows on a 2-core AMD EPYC.
 const MAX_ROWS: usize = 48;
 
-/// Scratch floats of a task: scaled queries and accumulators for `rows` query
-/// rows, plus one converted K tile and one converted V tile.
+/// Scratch floats of a task: scaled queries, the chunk's and the merged
+/// accumulators for `rows` query rows, plus one converted K tile and one
+/// converted V tile.
 const fn scratch_len(rows: usize, head_dim: usize) -> usize {
-    (2 * rows + 2 * TILE) * head_dim
+    (3 * rows + 2 * TILE) * head_dim
 }
 
 thread_local! {
@@ -66,16 +91,20 @@ pub struct SequenceAttention<'a> {
 /// `q · k` (usually `1 / sqrt(head_dim)`).
 ///
 /// K/V are read in place through the page table (no gather copy of the
-/// context; each tile of 16 positions is converted to f32 into per-thread
-/// scratch). Runs in parallel with rayon on the *current* rayon pool (the
-/// caller owns a pool and calls `pool.install`), over tasks of (sequence,
-/// block of query tokens, query heads of one GQA group): each K/V tile loaded
-/// serves up to 48 (token, head) query rows, and tiles past a block's last
-/// token (causal mask) are never read; groups are split into fewer heads per
-/// task when the batch is too small to keep the pool busy. The result does
-/// not depend on the number of threads (bitwise, for finite inputs); CPUs with
-/// AVX2+FMA use fused multiply-adds, so their results differ from the portable
-/// build's in rounding only.
+/// context: tasks of many rows convert each tile of 16 positions to f32 into
+/// per-thread scratch, tasks of few rows convert in registers). Runs in
+/// parallel with rayon on the *current* rayon pool (the caller owns a pool
+/// and calls `pool.install`), over tasks of (sequence, block of query tokens,
+/// query heads of one GQA group): each K/V tile loaded serves up to 48
+/// (token, head) query rows, and tiles past a block's last token (causal
+/// mask) are never read. When the batch is too small to keep the pool busy
+/// (decode), long contexts are split into chunks of 256 positions, one task
+/// each, whose softmax states are merged after; short ones are split into
+/// fewer heads per task. A row's result does not depend on the number of
+/// threads nor on which other rows share the batch (bitwise, for finite
+/// inputs): a token computed in a decode step equals the same token computed
+/// in a prefill. CPUs with AVX2+FMA use fused multiply-adds, so their
+/// results differ from the portable build's in rounding only.
 ///
 /// Rows of `out` that belong to no sequence are left untouched. All inputs
 /// are validated first; on `Err` nothing is written.
@@ -140,143 +169,52 @@ fn run_attention<T: KvElement>(
         out: OutPtr::new(out),
     };
     let units = layout.num_kv_heads * plan.head_chunks;
-    seqs.par_iter().for_each(|seq| {
-        let blocks = seq.query_len.div_ceil(plan.tokens);
-        (0..blocks * units).into_par_iter().for_each(|task| ctx.run(seq, task / units, task % units));
+    if !plan.split {
+        seqs.par_iter().for_each(|seq| {
+            let tasks = plan.blocks(seq) * units;
+            (0..tasks).into_par_iter().for_each(|task| ctx.run(seq, task / units, task % units, None));
+        });
+        return Ok(());
+    }
+
+    // One task per chunk of context, then a fold of each row's chunks.
+    let slots_of = |seq: &SequenceAttention| seq.query_len * num_heads * seq.context_len.div_ceil(CHUNK);
+    let floats = seqs
+        .iter()
+        .try_fold(0usize, |n, seq| slots_of(seq).checked_mul(layout.head_dim + 2)?.checked_add(n))
+        .ok_or(KernelError::InvalidLayout("attention partial states overflow usize"))?;
+    partial::with_buffers(floats, seqs.len(), |buf, offsets| {
+        let mut next = 0;
+        for (offset, seq) in offsets.iter_mut().zip(seqs) {
+            *offset = next;
+            next += slots_of(seq);
+        }
+        let partials = PartialBuf::new(buf, layout.head_dim);
+        let offsets = &*offsets;
+        seqs.par_iter().zip(offsets).for_each(|(seq, &offset)| {
+            let tasks = plan.blocks(seq) * units;
+            (0..tasks).into_par_iter().for_each(|task| {
+                let (block, unit) = (task / units, task % units);
+                (0..plan.chunks(seq, block)).into_par_iter().for_each(|chunk| {
+                    ctx.run(seq, block, unit, Some(Split { chunk, partials: &partials, offset }));
+                });
+            });
+        });
+        seqs.par_iter().zip(offsets).for_each(|(seq, &offset)| {
+            (0..seq.query_len).into_par_iter().for_each(|t| ctx.fold_partials(seq, t, &partials, offset));
+        });
     });
     Ok(())
 }
 
-/// How the batch is cut into tasks: a task is one sequence's block of up to
-/// `tokens` query tokens times up to `heads` query heads of one GQA group
-/// (at most [`MAX_ROWS`] rows), so those heads share every K/V load.
-#[derive(Clone, Copy, Debug)]
-struct Plan {
-    /// Query heads per task (within one kv head's group).
-    heads: usize,
-    /// Tasks per kv head's group: `ceil(group / heads)`.
-    head_chunks: usize,
-    /// Query tokens per task.
-    tokens: usize,
-}
-
-impl Plan {
-    /// Largest tasks that still give every thread a few tasks: starts with a
-    /// whole GQA group per task (capped at [`MAX_ROWS`]) and halves the heads
-    /// per task while there are fewer than `2 * threads` tasks. Each row's
-    /// arithmetic does not depend on the other rows of its task, so the plan
-    /// never changes results.
-    fn new(num_kv_heads: usize, group: usize, seqs: &[SequenceAttention], threads: usize) -> Self {
-        let make = |heads: usize| Plan { heads, head_chunks: group.div_ceil(heads), tokens: (MAX_ROWS / heads).max(1) };
-        let mut plan = make(group.min(MAX_ROWS));
-        while plan.heads > 1 {
-            let blocks: usize = seqs.iter().map(|s| s.query_len.div_ceil(plan.tokens)).sum();
-            if blocks.saturating_mul(num_kv_heads * plan.head_chunks) >= 2 * threads {
-                break;
-            }
-            plan = make(plan.heads.div_ceil(2));
-        }
-        debug_assert!(plan.heads * plan.tokens <= MAX_ROWS.max(plan.heads));
-        plan
-    }
-}
-
-/// Checks every shape and bound of [`paged_attention`]'s inputs.
-#[allow(clippy::too_many_arguments)]
-fn validate<T>(
-    layout: &PagedLayout,
-    num_heads: usize,
-    scale: f32,
-    q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
-    seqs: &[SequenceAttention],
-    out: &[f32],
-) -> Result<(), KernelError> {
-    layout.validate()?;
-    if num_heads == 0 || num_heads % layout.num_kv_heads != 0 {
-        return Err(KernelError::HeadsNotMultiple { num_heads, num_kv_heads: layout.num_kv_heads });
-    }
-    if !scale.is_finite() {
-        return Err(KernelError::NonFiniteScale(scale));
-    }
-    let row_len = num_heads
-        .checked_mul(layout.head_dim)
-        .ok_or(KernelError::InvalidLayout("num_heads * head_dim overflows usize"))?;
-    check_len("k_cache", k_cache.len(), layout.layer_len())?;
-    check_len("v_cache", v_cache.len(), layout.layer_len())?;
-    if q.len() % row_len != 0 {
-        return Err(KernelError::RaggedRows { what: "q", len: q.len(), row_len });
-    }
-    check_len("out", out.len(), q.len())?;
-    validate_sequences(layout, q.len() / row_len, seqs)
-}
-
-/// Checks every sequence of a batch of `n_rows` query rows against the pool:
-/// non-empty queries inside the batch and disjoint, contexts covered by page
-/// tables of in-range pages. Shared by the CPU and CUDA paths.
-pub(crate) fn validate_sequences(
-    layout: &PagedLayout,
-    n_rows: usize,
-    seqs: &[SequenceAttention],
-) -> Result<(), KernelError> {
-    for (i, s) in seqs.iter().enumerate() {
-        if s.query_len == 0 {
-            return Err(KernelError::EmptyQuery { seq: i });
-        }
-        if s.context_len < s.query_len {
-            return Err(KernelError::ContextShorterThanQuery {
-                seq: i,
-                context_len: s.context_len,
-                query_len: s.query_len,
-            });
-        }
-        match s.query_start.checked_add(s.query_len) {
-            Some(end) if end <= n_rows => {}
-            _ => {
-                return Err(KernelError::QueryRowsOutOfBounds {
-                    seq: i,
-                    start: s.query_start,
-                    len: s.query_len,
-                    n_rows,
-                });
-            }
-        }
-        let needed = s.context_len.div_ceil(layout.page_size);
-        if s.page_table.len() < needed {
-            return Err(KernelError::PageTableTooShort {
-                seq: i,
-                len: s.page_table.len(),
-                needed,
-                context_len: s.context_len,
-            });
-        }
-        if let Some((index, &page)) =
-            s.page_table[..needed].iter().enumerate().find(|&(_, &p)| p as usize >= layout.num_pages)
-        {
-            return Err(KernelError::PageOutOfRange { seq: i, index, page, num_pages: layout.num_pages });
-        }
-    }
-
-    // Disjoint query rows: intervals sorted by start must not overlap. The
-    // usual batch is already sorted, which needs no allocation.
-    let overlap = |a: usize, b: usize| {
-        let (x, y) = (&seqs[a], &seqs[b]);
-        // Ends were checked above, so this cannot overflow.
-        if x.query_start + x.query_len > y.query_start {
-            Err(KernelError::QueryRowsOverlap { first: a.min(b), second: a.max(b) })
-        } else {
-            Ok(())
-        }
-    };
-    if seqs.windows(2).all(|w| w[0].query_start <= w[1].query_start) {
-        (1..seqs.len()).try_for_each(|i| overlap(i - 1, i))?;
-    } else {
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_unstable_by_key(|&i| seqs[i].query_start);
-        order.windows(2).try_for_each(|w| overlap(w[0], w[1]))?;
-    }
-    Ok(())
+/// The chunk a task of a split call covers, and where its rows' partial
+/// states go.
+#[derive(Clone, Copy)]
+struct Split<'p, 'b> {
+    chunk: usize,
+    partials: &'p PartialBuf<'b>,
+    /// The sequence's first slot in `partials`.
+    offset: usize,
 }
 
 /// `out` shared by the parallel tasks, each writing its own disjoint rows.
@@ -352,8 +290,9 @@ impl Rows {
 
 impl<T: KvElement> Ctx<'_, T> {
     /// One task: token block `block` of `seq`, head chunk `unit` (kv head
-    /// `unit / head_chunks`).
-    fn run(&self, seq: &SequenceAttention, block: usize, unit: usize) {
+    /// `unit / head_chunks`), over the whole context or, in a split call,
+    /// over one chunk of it.
+    fn run(&self, seq: &SequenceAttention, block: usize, unit: usize, split: Option<Split>) {
         let plan = self.plan;
         let kv_head = unit / plan.head_chunks;
         let first_head = (unit % plan.head_chunks) * plan.heads;
@@ -374,22 +313,48 @@ impl<T: KvElement> Ctx<'_, T> {
             if scratch.len() < len {
                 scratch.resize(len, 0.0);
             }
-            self.attend_dispatch(seq, rows, &mut scratch[..len]);
+            self.attend_dispatch(seq, rows, split, &mut scratch[..len]);
         });
     }
 
     /// Runs [`attend`](Self::attend) compiled for the best instruction set
-    /// the CPU has.
+    /// the CPU has, reading K/V in place when the task has few rows.
     #[inline(always)]
-    fn attend_dispatch(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
+    fn attend_dispatch(&self, seq: &SequenceAttention, rows: Rows, split: Option<Split>, scratch: &mut [f32]) {
+        let d = self.head_dim;
+        let (work, tiles) = scratch.split_at_mut(3 * rows.len() * d);
+        let (kt, vt) = tiles.split_at_mut(TILE * d);
+        let walk = PageWalk {
+            page_table: seq.page_table,
+            page_size: self.page_size,
+            slot_len: self.slot_len,
+            kv_off: rows.kv_head * d,
+            end: seq.context_len - seq.query_len + rows.t0 + rows.tokens,
+            d,
+        };
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            // SAFETY: `avx2` is only set when the CPU supports AVX2, FMA and
-            // F16C (`run_attention`'s contract).
-            unsafe { self.attend_avx2(seq, rows, scratch) };
-            return;
+            // SAFETY (all calls): `avx2` is only set when the CPU supports
+            // AVX2, FMA and F16C (`run_attention`'s contract).
+            unsafe {
+                if rows.len() <= IN_PLACE_MAX_ROWS && d <= <f32 as TileElement>::MAX_ROW {
+                    let (k, v) = (self.k_cache, self.v_cache);
+                    if let (Some(k), Some(v)) = (T::as_f16_slice(k), T::as_f16_slice(v)) {
+                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
+                    }
+                    if let (Some(k), Some(v)) = (T::as_bf16_slice(k), T::as_bf16_slice(v)) {
+                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
+                    }
+                    if let (Some(k), Some(v)) = (T::as_f32_slice(k), T::as_f32_slice(v)) {
+                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
+                    }
+                }
+                let mut src = Converted::<T, true> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
+                return self.attend_avx2(seq, rows, split, work, &mut src);
+            }
         }
-        self.attend::<false>(seq, rows, scratch);
+        let mut src = Converted::<T, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
+        self.attend::<false, _>(seq, rows, split, work, &mut src);
     }
 
     /// [`attend`](Self::attend) with 256-bit vectors and fused multiply-adds.
@@ -398,54 +363,43 @@ impl<T: KvElement> Ctx<'_, T> {
     /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_avx2(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
-        self.attend::<true>(seq, rows, scratch);
-    }
-
-    /// Converts the K (or V) rows of positions `t0..t0 + TILE` of kv head
-    /// `kv_off / head_dim` into `dst` (`[TILE, head_dim]` f32), reading the
-    /// pool through the page table; positions from `end` on are zeros.
-    #[inline(always)]
-    fn load_tile<const AVX2: bool>(
+    unsafe fn attend_avx2<S: TileSource>(
         &self,
-        cache: &[T],
         seq: &SequenceAttention,
-        kv_off: usize,
-        t0: usize,
-        end: usize,
-        dst: &mut [f32],
+        rows: Rows,
+        split: Option<Split>,
+        work: &mut [f32],
+        src: &mut S,
     ) {
-        let d = self.head_dim;
-        for (j, row) in dst.chunks_exact_mut(d).enumerate() {
-            let p = t0 + j;
-            if p < end {
-                let page = seq.page_table[p / self.page_size] as usize;
-                let base = (page * self.page_size + p % self.page_size) * self.slot_len + kv_off;
-                tile::convert::<AVX2, T>(&cache[base..base + d], row);
-            } else {
-                row.fill(0.0);
-            }
-        }
+        self.attend::<true, S>(seq, rows, split, work, src);
     }
 
     /// Attention of one task's query rows, with a streaming softmax over
-    /// tiles of [`TILE`] context positions.
+    /// tiles of [`TILE`] context positions that restarts every [`CHUNK`]
+    /// positions; the chunks' states are merged here (whole context) or
+    /// stored for [`fold_partials`](Self::fold_partials) (split call).
     ///
     /// Results do not depend on the plan: every row goes through the same
-    /// operations whatever rows share its task. A row takes part in exactly
-    /// the tiles from position 0 up to the one holding its own position, each
+    /// operations whatever rows share its task and wherever its tiles come
+    /// from (conversions to f32 are exact). A row takes part in exactly the
+    /// tiles from position 0 up to the one holding its own position, each
     /// over all [`TILE`] columns (later positions masked to weight 0), and
     /// rows that see nothing of a tile skip it entirely.
     #[inline(always)]
-    fn attend<const AVX2: bool>(&self, seq: &SequenceAttention, rows: Rows, scratch: &mut [f32]) {
+    fn attend<const AVX2: bool, S: TileSource>(
+        &self,
+        seq: &SequenceAttention,
+        rows: Rows,
+        split: Option<Split>,
+        work: &mut [f32],
+        src: &mut S,
+    ) {
         let d = self.head_dim;
         let n = rows.len();
         debug_assert!((1..=MAX_ROWS).contains(&n));
-        debug_assert_eq!(scratch.len(), scratch_len(n, d));
-        let (qs, rest) = scratch.split_at_mut(n * d);
-        let (acc, rest) = rest.split_at_mut(n * d);
-        let (kt, vt) = rest.split_at_mut(TILE * d);
-        let kv_off = rows.kv_head * d;
+        debug_assert_eq!(work.len(), 3 * n * d);
+        let (qs, rest) = work.split_at_mut(n * d);
+        let (acc, merged) = rest.split_at_mut(n * d);
 
         // Token t of the task sits at absolute position `first + t` and
         // attends to positions 0..=first + t.
@@ -461,29 +415,66 @@ impl<T: KvElement> Ctx<'_, T> {
                 *dst = x * self.scale;
             }
         }
-        acc.fill(0.0);
+        // The current chunk's softmax state, and the merged state of the
+        // chunks before it.
         let mut max = [f32::NEG_INFINITY; MAX_ROWS];
         let mut sum = [0.0f32; MAX_ROWS];
+        let mut run_max = [f32::NEG_INFINITY; MAX_ROWS];
+        let mut run_sum = [0.0f32; MAX_ROWS];
         let mut weights = [[0.0f32; TILE]; MAX_ROWS];
 
-        for t0 in (0..end).step_by(TILE) {
-            // Rows of tokens before `t0 - first` see none of this tile.
-            let vis = t0.saturating_sub(first) * rows.heads;
-            self.load_tile::<AVX2>(self.k_cache, seq, kv_off, t0, end, kt);
-            self.load_tile::<AVX2>(self.v_cache, seq, kv_off, t0, end, vt);
-            let w = &mut weights[vis..n];
-            tile::scores::<AVX2>(&qs[vis * d..], kt, d, w);
-            for (r, tile) in (vis..n).zip(w.iter_mut()) {
-                // Mask the positions after this row's own.
-                let last = first + r / rows.heads;
-                if last < t0 + TILE - 1 {
-                    tile[last + 1 - t0..].fill(f32::NEG_INFINITY);
+        let chunks = match split {
+            Some(s) => s.chunk..s.chunk + 1,
+            None => 0..end.div_ceil(CHUNK),
+        };
+        for c in chunks {
+            let (c0, c1) = (c * CHUNK, ((c + 1) * CHUNK).min(end));
+            // Rows of tokens before `c0 - first` see none of this chunk.
+            let seen = c0.saturating_sub(first) * rows.heads;
+            debug_assert!(seen < n);
+            acc[seen * d..].fill(0.0);
+            max[seen..n].fill(f32::NEG_INFINITY);
+            sum[seen..n].fill(0.0);
+            for t0 in (c0..c1).step_by(TILE) {
+                // Rows of tokens before `t0 - first` see none of this tile.
+                let vis = t0.saturating_sub(first) * rows.heads;
+                let (kt, vt) = src.rows(t0);
+                let w = &mut weights[vis..n];
+                tile::scores::<AVX2, S::Elem>(&qs[vis * d..], &kt, d, w);
+                for (r, tile) in (vis..n).zip(w.iter_mut()) {
+                    // Mask the positions after this row's own.
+                    let last = first + r / rows.heads;
+                    if last < t0 + TILE - 1 {
+                        tile[last + 1 - t0..].fill(f32::NEG_INFINITY);
+                    }
+                    if let Some(corr) = tile::online_softmax::<AVX2>(tile, &mut max[r], &mut sum[r]) {
+                        scale(&mut acc[r * d..(r + 1) * d], corr);
+                    }
                 }
-                if let Some(corr) = tile::online_softmax::<AVX2>(tile, &mut max[r], &mut sum[r]) {
-                    scale(&mut acc[r * d..(r + 1) * d], corr);
+                tile::weighted_sum::<AVX2, S::Elem>(w, &vt, d, &mut acc[vis * d..]);
+            }
+            for r in seen..n {
+                let chunk_acc = &acc[r * d..(r + 1) * d];
+                match split {
+                    Some(s) => {
+                        let (t, h) = (rows.t0 + r / rows.heads, rows.h0 + r % rows.heads);
+                        // SAFETY: slot (token t, head h, chunk c) of this
+                        // sequence is written by this task only, and read
+                        // only after every task has finished.
+                        let slot = unsafe { s.partials.slot_mut(s.offset + self.partial_index(seq, t, h, c)) };
+                        slot[0] = max[r];
+                        slot[1] = sum[r];
+                        slot[2..].copy_from_slice(chunk_acc);
+                    }
+                    None => {
+                        let run_acc = &mut merged[r * d..(r + 1) * d];
+                        merge_partial(&mut run_max[r], &mut run_sum[r], run_acc, max[r], sum[r], chunk_acc, c == 0);
+                    }
                 }
             }
-            tile::weighted_sum::<AVX2>(w, vt, d, &mut acc[vis * d..]);
+        }
+        if split.is_some() {
+            return;
         }
 
         for t in 0..rows.tokens {
@@ -495,17 +486,35 @@ impl<T: KvElement> Ctx<'_, T> {
             let dst = unsafe { self.out.slice((row * self.num_heads + rows.h0) * d, rows.heads * d) };
             for (hh, dst) in dst.chunks_exact_mut(d).enumerate() {
                 let r = t * rows.heads + hh;
-                // Every row sees at least position 0, so `sum > 0` unless the
-                // inputs hold non-finite values (then so does the output).
-                let inv = 1.0 / sum[r];
-                for (o, a) in dst.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
-                    // `+ 0.0` turns -0 into +0: adding a masked position's
-                    // zero weight can flip the sign of a zero accumulator,
-                    // and how many such positions a row meets depends on
-                    // its task, so this keeps results plan-independent.
-                    *o = a * inv + 0.0;
-                }
+                finish_row(dst, &merged[r * d..(r + 1) * d], run_sum[r]);
             }
+        }
+    }
+
+    /// Slot of (token `t`, head `h`, chunk `c`) of `seq` among the
+    /// sequence's partial states.
+    fn partial_index(&self, seq: &SequenceAttention, t: usize, h: usize, c: usize) -> usize {
+        (t * self.num_heads + h) * seq.context_len.div_ceil(CHUNK) + c
+    }
+
+    /// The output rows of token `t` of `seq` in a split call: every head's
+    /// partial states folded in chunk order, as [`attend`](Self::attend)
+    /// folds them when one task walks the whole context.
+    fn fold_partials(&self, seq: &SequenceAttention, t: usize, partials: &PartialBuf, offset: usize) {
+        let d = self.head_dim;
+        let position = seq.context_len - seq.query_len + t;
+        let row = seq.query_start + t;
+        // SAFETY: out[row] is this fold's alone: rows of different sequences
+        // are disjoint (validated) and each token of a sequence is folded once.
+        let dst = unsafe { self.out.slice(row * self.num_heads * d, self.num_heads * d) };
+        for (h, out) in dst.chunks_exact_mut(d).enumerate() {
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            for c in 0..=position / CHUNK {
+                // SAFETY: every task has finished; folds only read.
+                let slot = unsafe { partials.slot(offset + self.partial_index(seq, t, h, c)) };
+                merge_partial(&mut max, &mut sum, out, slot[0], slot[1], &slot[2..], c == 0);
+            }
+            finish_row_in_place(out, sum);
         }
     }
 }

@@ -4,9 +4,10 @@
 const LANES: usize = 8;
 
 /// Dot product of two equal-length slices, with [`LANES`] separate
-/// accumulators so the loop vectorizes without reassociation.
+/// accumulators so the loop vectorizes without reassociation; `b`'s
+/// elements are converted to f32 as they are read.
 #[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<E: Copy + Into<f32>>(a: &[f32], b: &[E]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -16,22 +17,22 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     for (x, y) in ac.zip(bc) {
         for j in 0..LANES {
-            acc[j] += x[j] * y[j];
+            acc[j] += x[j] * y[j].into();
         }
     }
     let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (x, y) in ar.iter().zip(br) {
-        sum += x * y;
+        sum += x * (*y).into();
     }
     sum
 }
 
-/// `y += a * x` over equal-length slices.
+/// `y += a * x` over equal-length slices (`x` converted to f32 as read).
 #[inline(always)]
-pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+pub(crate) fn axpy<E: Copy + Into<f32>>(y: &mut [f32], a: f32, x: &[E]) {
     debug_assert_eq!(y.len(), x.len());
     for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
+        *y += a * (*x).into();
     }
 }
 

@@ -8,6 +8,8 @@
 //! thread count) cannot change results. The two builds round differently
 //! (fused multiply-adds, summation order).
 
+use half::{bf16, f16};
+
 use crate::KvElement;
 use crate::vector::exp_in_place;
 
@@ -17,6 +19,57 @@ pub(super) const TILE: usize = 16;
 
 /// One query row's scores (then weights) over a tile.
 pub(super) type TileRow = [f32; TILE];
+
+/// The K (or V) rows of one tile's positions, `head_dim` elements each:
+/// either converted f32 rows in scratch or rows of the pool read in place.
+pub(super) type TileRows<'a, E> = [&'a [E]; TILE];
+
+/// Which element type a [`TileElement`] is, for the vector loads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum ElementKind {
+    F32,
+    F16,
+    BF16,
+}
+
+/// An element the tile kernels read K/V rows of: f32 scratch, or an f16,
+/// bf16 or f32 pool read in place. Conversions to f32 are exact, so the
+/// kernels compute the same bits from either source (`Into<f32>` is that
+/// exact conversion).
+pub(super) trait TileElement: Copy + Into<f32> + 'static {
+    /// This type, for the vector loads.
+    const KIND: ElementKind;
+    /// Most elements [`zeros`](Self::zeros) holds: the largest head size the
+    /// kernels read in place (larger ones are converted into scratch).
+    const MAX_ROW: usize = 512;
+    /// [`MAX_ROW`](Self::MAX_ROW) zeros: the row of positions past a
+    /// sequence's end, which may have no page.
+    fn zeros() -> &'static [Self];
+}
+
+impl TileElement for f32 {
+    const KIND: ElementKind = ElementKind::F32;
+    fn zeros() -> &'static [Self] {
+        static ZEROS: [f32; 512] = [0.0; 512];
+        &ZEROS
+    }
+}
+
+impl TileElement for f16 {
+    const KIND: ElementKind = ElementKind::F16;
+    fn zeros() -> &'static [Self] {
+        static ZEROS: [f16; 512] = [f16::ZERO; 512];
+        &ZEROS
+    }
+}
+
+impl TileElement for bf16 {
+    const KIND: ElementKind = ElementKind::BF16;
+    fn zeros() -> &'static [Self] {
+        static ZEROS: [bf16; 512] = [bf16::ZERO; 512];
+        &ZEROS
+    }
+}
 
 /// Converts one K/V row to f32: with F16C (part of the AVX2 path) for f16, a
 /// shift for bf16, in line rather than through `half`'s per-call dispatch.
@@ -98,11 +151,11 @@ fn tree_reduce(tile: &TileRow, f: impl Fn(f32, f32) -> f32) -> f32 {
     v[0]
 }
 
-/// `s[r][j] = q[r] · k[j]` for the rows of `s`: `q` is `[s.len(), d]`, `k` is
-/// `[TILE, d]`, both row-major f32.
+/// `s[r][j] = q[r] · k[j]` for the rows of `s`: `q` is `[s.len(), d]`
+/// row-major f32, every row of `k` holds `d` elements.
 #[inline(always)]
-pub(super) fn scores<const AVX2: bool>(q: &[f32], k: &[f32], d: usize, s: &mut [TileRow]) {
-    assert!(q.len() == s.len() * d && k.len() == TILE * d);
+pub(super) fn scores<const AVX2: bool, E: TileElement>(q: &[f32], k: &TileRows<E>, d: usize, s: &mut [TileRow]) {
+    assert!(q.len() == s.len() * d && k.iter().all(|row| row.len() == d));
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: `AVX2` is only set when the CPU supports AVX2, FMA and F16C
@@ -111,17 +164,22 @@ pub(super) fn scores<const AVX2: bool>(q: &[f32], k: &[f32], d: usize, s: &mut [
         return;
     }
     for (qrow, srow) in q.chunks_exact(d).zip(s.iter_mut()) {
-        for (w, krow) in srow.iter_mut().zip(k.chunks_exact(d)) {
+        for (w, krow) in srow.iter_mut().zip(k) {
             *w = crate::vector::dot(qrow, krow);
         }
     }
 }
 
-/// `acc[r] += Σ_j p[r][j] * v[j]` for the rows of `p`: `acc` is `[p.len(), d]`,
-/// `v` is `[TILE, d]`, both row-major f32.
+/// `acc[r] += Σ_j p[r][j] * v[j]` for the rows of `p`: `acc` is `[p.len(), d]`
+/// row-major f32, every row of `v` holds `d` elements.
 #[inline(always)]
-pub(super) fn weighted_sum<const AVX2: bool>(p: &[TileRow], v: &[f32], d: usize, acc: &mut [f32]) {
-    assert!(acc.len() == p.len() * d && v.len() == TILE * d);
+pub(super) fn weighted_sum<const AVX2: bool, E: TileElement>(
+    p: &[TileRow],
+    v: &TileRows<E>,
+    d: usize,
+    acc: &mut [f32],
+) {
+    assert!(acc.len() == p.len() * d && v.iter().all(|row| row.len() == d));
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: as in `scores`.
@@ -129,7 +187,7 @@ pub(super) fn weighted_sum<const AVX2: bool>(p: &[TileRow], v: &[f32], d: usize,
         return;
     }
     for (prow, arow) in p.iter().zip(acc.chunks_exact_mut(d)) {
-        for (&w, vrow) in prow.iter().zip(v.chunks_exact(d)) {
+        for (&w, vrow) in prow.iter().zip(v) {
             // Masked positions have weight 0: skipping them keeps a stray
             // non-finite V of a later token out of earlier rows.
             if w != 0.0 {
@@ -148,7 +206,7 @@ mod avx2 {
 
     use half::{bf16, f16};
 
-    use super::{TILE, TileRow};
+    use super::{ElementKind, TILE, TileElement, TileRow, TileRows};
 
     /// f16 to f32, 8 at a time with F16C.
     ///
@@ -268,24 +326,44 @@ mod avx2 {
     /// Query rows per block of the weighted sum: 4 rows x 16 columns.
     const SUM_ROWS: usize = 6;
 
+    /// Eight elements at `p` as f32 lanes (exact conversion).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; `p..p + 8` must be readable.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8<E: TileElement>(p: *const E) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable elements.
+        unsafe {
+            match E::KIND {
+                ElementKind::F32 => _mm256_loadu_ps(p.cast()),
+                ElementKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                ElementKind::BF16 => {
+                    let h = _mm_loadu_si128(p.cast());
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+                }
+            }
+        }
+    }
+
     /// [`super::scores`] with AVX2+FMA.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `q.len() == s.len() * d` and
-    /// `k.len() == TILE * d`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(q: &[f32], k: &[f32], d: usize, s: &mut [TileRow]) {
+    /// The CPU must support AVX2, FMA and F16C; `q.len() == s.len() * d` and
+    /// every row of `k` holds `d` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores<E: TileElement>(q: &[f32], k: &TileRows<E>, d: usize, s: &mut [TileRow]) {
         let rows = s.len();
         let mut r = 0;
         // SAFETY (all calls): the CPU has the features (our contract), and
         // rows r..r + MR exist in `q` and `s`.
         while r + SCORE_ROWS <= rows {
-            unsafe { score_block::<SCORE_ROWS>(q, k, d, r, s) };
+            unsafe { score_block::<SCORE_ROWS, E>(q, k, d, r, s) };
             r += SCORE_ROWS;
         }
         match rows - r {
-            2 => unsafe { score_block::<2>(q, k, d, r, s) },
-            1 => unsafe { score_block::<1>(q, k, d, r, s) },
+            2 => unsafe { score_block::<2, E>(q, k, d, r, s) },
+            1 => unsafe { score_block::<1, E>(q, k, d, r, s) },
             _ => {}
         }
     }
@@ -295,23 +373,29 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`scores`], and `r0 + MR <= s.len()`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn score_block<const MR: usize>(q: &[f32], k: &[f32], d: usize, r0: usize, s: &mut [TileRow]) {
-        debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.len() == TILE * d);
+    unsafe fn score_block<const MR: usize, E: TileElement>(
+        q: &[f32],
+        k: &TileRows<E>,
+        d: usize,
+        r0: usize,
+        s: &mut [TileRow],
+    ) {
+        debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.iter().all(|row| row.len() == d));
         let d8 = d / 8 * 8;
         // SAFETY: every pointer offset stays below `d` within a row that the
         // length contract guarantees exists.
         unsafe {
             let qp: [*const f32; MR] = std::array::from_fn(|i| q.as_ptr().add((r0 + i) * d));
             for j0 in (0..TILE).step_by(SCORE_KEYS) {
-                let kp: [*const f32; SCORE_KEYS] = std::array::from_fn(|c| k.as_ptr().add((j0 + c) * d));
+                let kp: [*const E; SCORE_KEYS] = std::array::from_fn(|c| k[j0 + c].as_ptr());
                 let mut acc = [[_mm256_setzero_ps(); SCORE_KEYS]; MR];
                 let mut e = 0;
                 while e < d8 {
                     let qv: [__m256; MR] = std::array::from_fn(|i| _mm256_loadu_ps(qp[i].add(e)));
                     for c in 0..SCORE_KEYS {
-                        let kv = _mm256_loadu_ps(kp[c].add(e));
+                        let kv = load8(kp[c].add(e));
                         for i in 0..MR {
                             acc[i][c] = _mm256_fmadd_ps(qv[i], kv, acc[i][c]);
                         }
@@ -324,7 +408,7 @@ mod avx2 {
                     // Head dims that are not a multiple of 8.
                     for c in 0..SCORE_KEYS {
                         for e in d8..d {
-                            *out.add(c) = (*qp[i].add(e)).mul_add(*kp[c].add(e), *out.add(c));
+                            *out.add(c) = (*qp[i].add(e)).mul_add((*kp[c].add(e)).into(), *out.add(c));
                         }
                     }
                 }
@@ -348,24 +432,24 @@ mod avx2 {
     /// [`super::weighted_sum`] with AVX2+FMA.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `acc.len() == p.len() * d` and
-    /// `v.len() == TILE * d`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn weighted_sum(p: &[TileRow], v: &[f32], d: usize, acc: &mut [f32]) {
+    /// The CPU must support AVX2, FMA and F16C; `acc.len() == p.len() * d`
+    /// and every row of `v` holds `d` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weighted_sum<E: TileElement>(p: &[TileRow], v: &TileRows<E>, d: usize, acc: &mut [f32]) {
         let rows = p.len();
         let mut r = 0;
         // SAFETY (all calls): the CPU has the features (our contract), and
         // rows r..r + MR exist in `p` and `acc`.
         while r + SUM_ROWS <= rows {
-            unsafe { sum_block::<SUM_ROWS>(p, v, d, r, acc) };
+            unsafe { sum_block::<SUM_ROWS, E>(p, v, d, r, acc) };
             r += SUM_ROWS;
         }
         match rows - r {
-            5 => unsafe { sum_block::<5>(p, v, d, r, acc) },
-            4 => unsafe { sum_block::<4>(p, v, d, r, acc) },
-            3 => unsafe { sum_block::<3>(p, v, d, r, acc) },
-            2 => unsafe { sum_block::<2>(p, v, d, r, acc) },
-            1 => unsafe { sum_block::<1>(p, v, d, r, acc) },
+            5 => unsafe { sum_block::<5, E>(p, v, d, r, acc) },
+            4 => unsafe { sum_block::<4, E>(p, v, d, r, acc) },
+            3 => unsafe { sum_block::<3, E>(p, v, d, r, acc) },
+            2 => unsafe { sum_block::<2, E>(p, v, d, r, acc) },
+            1 => unsafe { sum_block::<1, E>(p, v, d, r, acc) },
             _ => {}
         }
     }
@@ -377,24 +461,30 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`weighted_sum`], and `r0 + MR <= p.len()`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn sum_block<const MR: usize>(p: &[TileRow], v: &[f32], d: usize, r0: usize, acc: &mut [f32]) {
-        debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.len() == TILE * d);
+    unsafe fn sum_block<const MR: usize, E: TileElement>(
+        p: &[TileRow],
+        v: &TileRows<E>,
+        d: usize,
+        r0: usize,
+        acc: &mut [f32],
+    ) {
+        debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.iter().all(|row| row.len() == d));
         let (d16, d8) = (d / 16 * 16, d / 8 * 8);
         let w: &[TileRow; MR] = p[r0..r0 + MR].try_into().expect("MR rows");
         // SAFETY: every pointer offset stays below `d` within a row that the
         // length contract guarantees exists; rows of `acc` do not overlap.
         unsafe {
             let ap: [*mut f32; MR] = std::array::from_fn(|i| acc.as_mut_ptr().add((r0 + i) * d));
-            let vp = v.as_ptr();
+            let vp: [*const E; TILE] = std::array::from_fn(|j| v[j].as_ptr());
             let mut c = 0;
             while c < d16 {
                 let mut o: [[__m256; 2]; MR] =
                     std::array::from_fn(|i| [_mm256_loadu_ps(ap[i].add(c)), _mm256_loadu_ps(ap[i].add(c + 8))]);
                 for j in 0..TILE {
-                    let v0 = _mm256_loadu_ps(vp.add(j * d + c));
-                    let v1 = _mm256_loadu_ps(vp.add(j * d + c + 8));
+                    let v0 = load8(vp[j].add(c));
+                    let v1 = load8(vp[j].add(c + 8));
                     for i in 0..MR {
                         let wv = _mm256_set1_ps(w[i][j]);
                         o[i][0] = _mm256_fmadd_ps(wv, v0, o[i][0]);
@@ -410,7 +500,7 @@ mod avx2 {
             if c < d8 {
                 let mut o: [__m256; MR] = std::array::from_fn(|i| _mm256_loadu_ps(ap[i].add(c)));
                 for j in 0..TILE {
-                    let v0 = _mm256_loadu_ps(vp.add(j * d + c));
+                    let v0 = load8(vp[j].add(c));
                     for i in 0..MR {
                         o[i] = _mm256_fmadd_ps(_mm256_set1_ps(w[i][j]), v0, o[i]);
                     }
@@ -423,7 +513,7 @@ mod avx2 {
                 for i in 0..MR {
                     let mut x = *ap[i].add(c);
                     for j in 0..TILE {
-                        x = w[i][j].mul_add(*vp.add(j * d + c), x);
+                        x = w[i][j].mul_add((*vp[j].add(c)).into(), x);
                     }
                     *ap[i].add(c) = x;
                 }
