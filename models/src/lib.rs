@@ -6,6 +6,7 @@
 
 pub mod tokenizer;
 
+mod allocator;
 pub mod batch;
 mod candle_pool;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod rope;
 pub mod source;
 mod weights;
 
+pub use allocator::configure_allocator;
 pub use batch::{ForwardBatch, SequenceChunk};
 pub use candle_pool::configure_candle_pool;
 pub use config::{Architecture, ModelConfig};

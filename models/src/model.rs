@@ -314,9 +314,8 @@ impl Model {
         let eps = c.rms_norm_eps as f32;
         let n = x.dim(0)?;
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
-        let mut q = layer.q.forward(&h)?;
-        let mut k = layer.k.forward(&h)?;
-        let v = layer.v.forward(&h)?;
+        let [mut q, mut k, v]: [Tensor; 3] =
+            Linear::forward_shared(&[&layer.q, &layer.k, &layer.v], &h)?.try_into().expect("three projections");
         if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
             q = candle_nn::ops::rms_norm(&q.reshape((n, c.num_heads, c.head_dim))?, qn, eps)?;
             k = candle_nn::ops::rms_norm(&k.reshape((n, c.num_kv_heads, c.head_dim))?, kn, eps)?;
@@ -340,7 +339,9 @@ impl Model {
         let x = (x + layer.o.forward(&attn)?)?;
 
         let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-        let mlp = layer.down.forward(&(layer.gate.forward(&h)?.silu()? * layer.up.forward(&h)?)?)?;
+        let [gate, up]: [Tensor; 2] =
+            Linear::forward_shared(&[&layer.gate, &layer.up], &h)?.try_into().expect("two projections");
+        let mlp = layer.down.forward(&(gate.silu()? * up)?)?;
         Ok((x + mlp)?)
     }
 }

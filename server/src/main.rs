@@ -30,7 +30,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
     if cli.command.is_none() {
         radix_models::configure_candle_pool(cli.serve.threads());
-        serve::limit_malloc_arenas();
+        radix_models::configure_allocator();
     }
     let result = match cli.command {
         Some(Command::Template(args)) => template_cmd::run(&args),

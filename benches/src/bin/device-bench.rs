@@ -166,6 +166,7 @@ fn prefill_seconds(model: &Model, pool: &mut KvPool, batch: usize, context: usiz
 fn main() -> Result<()> {
     let a = Args::parse();
     radix_models::configure_candle_pool(a.threads);
+    radix_models::configure_allocator();
     let device = parse_device(&a.device)?;
     let bandwidth = copy_bandwidth(&device)?;
     println!("device {}: copy bandwidth {:.0} GB/s (read + write)", device_name(&device), bandwidth / 1e9);

@@ -150,6 +150,7 @@ fn main() -> Result<()> {
     // candle's matmul pool as radix-serve configures it (threads and spin limit), so this times
     // the server's model path. No other thread exists yet.
     radix_models::configure_candle_pool(a.threads);
+    radix_models::configure_allocator();
     let rss_before = status_kib("VmRSS:").unwrap_or(0);
     let t = Instant::now();
     let model = Model::from_gguf(
