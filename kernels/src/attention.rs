@@ -119,26 +119,53 @@ pub fn paged_attention<T: KvElement>(
     seqs: &[SequenceAttention],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    run_attention(layout, num_heads, scale, q, k_cache, v_cache, seqs, out, has_avx2())
+    run_attention(layout, num_heads, scale, q, k_cache, v_cache, seqs, out, Isa::detect())
 }
 
-/// Whether the CPU supports AVX2, FMA and F16C (cached by `std`): every
-/// x86_64 CPU with AVX2 has the other two, the AVX2 path uses all three.
+/// The instruction set the attention kernels are built for. One process
+/// always uses the same one, so its results are reproducible; the builds
+/// round differently from one another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) enum Isa {
+    /// Plain Rust, vectorized by the compiler for the target's baseline.
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 + FMA + F16C, with the score and weighted-sum kernels on
+    /// AVX-512F (16 lanes).
+    Avx512,
+}
+
+impl Isa {
+    /// The best set this CPU supports (detection is cached by `std`).
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Every set this CPU supports, worst first (for tests).
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Isa> {
+        [Isa::Portable, Isa::Avx2, Isa::Avx512].into_iter().filter(|&isa| isa <= Isa::detect()).collect()
+    }
+}
+
+/// Whether the CPU supports AVX2, FMA and F16C: every x86_64 CPU with AVX2
+/// has the other two, the AVX2 path uses all three.
+#[cfg(all(test, target_arch = "x86_64"))]
 pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        has!("avx2") && has!("fma") && has!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::detect() != Isa::Portable
 }
 
-/// [`paged_attention`] with the instruction set chosen by the caller: `avx2`
-/// may only be true where the CPU supports AVX2, FMA and F16C (it is ignored
-/// off x86_64).
+/// [`paged_attention`] with the instruction set chosen by the caller, which
+/// the CPU must support (anything but `Portable` is ignored off x86_64).
 #[allow(clippy::too_many_arguments)]
 fn run_attention<T: KvElement>(
     layout: &PagedLayout,
@@ -149,7 +176,7 @@ fn run_attention<T: KvElement>(
     v_cache: &[T],
     seqs: &[SequenceAttention],
     out: &mut [f32],
-    avx2: bool,
+    isa: Isa,
 ) -> Result<(), KernelError> {
     validate(layout, num_heads, scale, q, k_cache, v_cache, seqs, out)?;
     let group = num_heads / layout.num_kv_heads;
@@ -161,7 +188,7 @@ fn run_attention<T: KvElement>(
         num_heads,
         group,
         plan,
-        avx2,
+        isa,
         scale,
         q,
         k_cache,
@@ -260,9 +287,9 @@ struct Ctx<'a, T> {
     num_heads: usize,
     group: usize,
     plan: Plan,
-    /// Use the AVX2 build of the inner loops (x86_64 only; never read elsewhere).
+    /// The build of the inner loops (only `Portable` is used off x86_64).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    avx2: bool,
+    isa: Isa,
     scale: f32,
     q: &'a [f32],
     k_cache: &'a [T],
@@ -332,29 +359,66 @@ impl<T: KvElement> Ctx<'_, T> {
             end: seq.context_len - seq.query_len + rows.t0 + rows.tokens,
             d,
         };
+        let in_place = rows.len() <= IN_PLACE_MAX_ROWS && d <= <f32 as TileElement>::MAX_ROW;
         #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            // SAFETY (all calls): `avx2` is only set when the CPU supports
-            // AVX2, FMA and F16C (`run_attention`'s contract).
-            unsafe {
-                if rows.len() <= IN_PLACE_MAX_ROWS && d <= <f32 as TileElement>::MAX_ROW {
-                    let (k, v) = (self.k_cache, self.v_cache);
-                    if let (Some(k), Some(v)) = (T::as_f16_slice(k), T::as_f16_slice(v)) {
-                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
-                    }
-                    if let (Some(k), Some(v)) = (T::as_bf16_slice(k), T::as_bf16_slice(v)) {
-                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
-                    }
-                    if let (Some(k), Some(v)) = (T::as_f32_slice(k), T::as_f32_slice(v)) {
-                        return self.attend_avx2(seq, rows, split, work, &mut InPlace { k, v, walk });
-                    }
-                }
+        if self.isa != Isa::Portable {
+            if !(in_place && self.attend_in_place::<true>(seq, rows, split, work, walk)) {
                 let mut src = Converted::<T, true> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
-                return self.attend_avx2(seq, rows, split, work, &mut src);
+                self.attend_isa::<true, _>(seq, rows, split, work, &mut src);
             }
+            return;
         }
-        let mut src = Converted::<T, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
-        self.attend::<false, _>(seq, rows, split, work, &mut src);
+        if !(in_place && self.attend_in_place::<false>(seq, rows, split, work, walk)) {
+            let mut src = Converted::<T, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
+            self.attend_isa::<false, _>(seq, rows, split, work, &mut src);
+        }
+    }
+
+    /// Runs [`attend`](Self::attend) over the pool read in place, if `T` is
+    /// one of the types the kernels read directly; false if not.
+    #[inline(always)]
+    fn attend_in_place<const AVX2: bool>(
+        &self,
+        seq: &SequenceAttention,
+        rows: Rows,
+        split: Option<Split>,
+        work: &mut [f32],
+        walk: PageWalk,
+    ) -> bool {
+        let (k, v) = (self.k_cache, self.v_cache);
+        if let (Some(k), Some(v)) = (T::as_f16_slice(k), T::as_f16_slice(v)) {
+            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (T::as_bf16_slice(k), T::as_bf16_slice(v)) {
+            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (T::as_f32_slice(k), T::as_f32_slice(v)) {
+            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+        } else {
+            return false;
+        }
+        true
+    }
+
+    /// [`attend`](Self::attend) in the AVX2 build (`AVX2`, x86_64 only,
+    /// where `isa` is AVX2 or better) or the portable one.
+    #[inline(always)]
+    fn attend_isa<const AVX2: bool, S: TileSource>(
+        &self,
+        seq: &SequenceAttention,
+        rows: Rows,
+        split: Option<Split>,
+        work: &mut [f32],
+        src: &mut S,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            debug_assert!(self.isa != Isa::Portable);
+            // SAFETY: callers set `AVX2` only when `isa` is AVX2 or better,
+            // i.e. the CPU supports AVX2, FMA and F16C (`run_attention`'s
+            // contract).
+            unsafe { self.attend_avx2(seq, rows, split, work, src) };
+            return;
+        }
+        self.attend::<false, S>(seq, rows, split, work, src);
     }
 
     /// [`attend`](Self::attend) with 256-bit vectors and fused multiply-adds.
@@ -400,6 +464,8 @@ impl<T: KvElement> Ctx<'_, T> {
         debug_assert_eq!(work.len(), 3 * n * d);
         let (qs, rest) = work.split_at_mut(n * d);
         let (acc, merged) = rest.split_at_mut(n * d);
+        // The AVX-512 score and weighted-sum kernels (only with AVX2 set).
+        let wide = AVX2 && self.isa == Isa::Avx512;
 
         // Token t of the task sits at absolute position `first + t` and
         // attends to positions 0..=first + t.
@@ -440,7 +506,7 @@ impl<T: KvElement> Ctx<'_, T> {
                 let vis = t0.saturating_sub(first) * rows.heads;
                 let (kt, vt) = src.rows(t0);
                 let w = &mut weights[vis..n];
-                tile::scores::<AVX2, S::Elem>(&qs[vis * d..], &kt, d, w);
+                tile::scores::<AVX2, S::Elem>(&qs[vis * d..], &kt, d, w, wide);
                 for (r, tile) in (vis..n).zip(w.iter_mut()) {
                     // Mask the positions after this row's own.
                     let last = first + r / rows.heads;
@@ -451,7 +517,7 @@ impl<T: KvElement> Ctx<'_, T> {
                         scale(&mut acc[r * d..(r + 1) * d], corr);
                     }
                 }
-                tile::weighted_sum::<AVX2, S::Elem>(w, &vt, d, &mut acc[vis * d..]);
+                tile::weighted_sum::<AVX2, S::Elem>(w, &vt, d, &mut acc[vis * d..], wide);
             }
             for r in seen..n {
                 let chunk_acc = &acc[r * d..(r + 1) * d];
@@ -523,51 +589,51 @@ impl<T: KvElement> Ctx<'_, T> {
 mod tests {
     use super::*;
 
-    /// The AVX2+FMA and the portable builds agree to rounding: max |diff|
-    /// <= 1e-5 on outputs of magnitude <= 1, for each K/V type (the tests in
+    /// Every build agrees with the portable one to rounding: max |diff| <=
+    /// 1e-5 on outputs of magnitude <= 1, for each K/V type (the tests in
     /// `tests/` exercise whichever this CPU picks against an f64 reference).
     #[test]
-    fn avx2_and_baseline_paths_agree() {
-        if !has_avx2() {
-            return;
-        }
+    fn every_isa_agrees_with_the_portable_build() {
         paths_agree::<f32>();
         paths_agree::<half::f16>();
         paths_agree::<half::bf16>();
     }
 
     fn paths_agree<T: KvElement>() {
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: 76, page_size: 5, num_pages: 40 };
+        let layout = PagedLayout { num_kv_heads: 2, head_dim: 76, page_size: 5, num_pages: 80 };
         let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
         let k: Vec<T> = wave(layout.layer_len(), 0.37).into_iter().map(T::from_f32).collect();
         let v: Vec<T> = wave(layout.layer_len(), 0.11).into_iter().map(T::from_f32).collect();
         let num_heads = 6;
         let rows = 1 + 21 + 1;
         let q = wave(rows * num_heads * layout.head_dim, 0.73);
-        let table_a: Vec<u32> = (0..40).rev().collect();
-        let table_b: Vec<u32> = (0..40).map(|p| (p * 7) % 40).collect();
+        let table_a: Vec<u32> = (0..80).rev().collect();
+        let table_b: Vec<u32> = (0..80).map(|p| (p * 7) % 80).collect();
         let seqs = [
-            SequenceAttention { query_start: 0, query_len: 1, context_len: 190, page_table: &table_a },
+            SequenceAttention { query_start: 0, query_len: 1, context_len: 390, page_table: &table_a },
             SequenceAttention { query_start: 1, query_len: 21, context_len: 64, page_table: &table_b },
             SequenceAttention { query_start: 22, query_len: 1, context_len: 1, page_table: &table_b },
         ];
-        let run = |avx2: bool| {
+        let run = |isa: Isa| {
             let mut out = vec![0.0f32; q.len()];
-            run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, avx2).unwrap();
+            run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, isa).unwrap();
             out
         };
-        let (portable, fast) = (run(false), run(true));
-        let err = portable.iter().zip(&fast).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let portable = run(Isa::Portable);
         let name = std::any::type_name::<T>();
-        assert!(err <= 1e-5, "{name}: max |avx2 - portable| = {err:e}");
-        assert!(fast.iter().all(|x| x.is_finite() && x.abs() <= 1.0), "{name}");
+        for isa in Isa::available() {
+            let fast = run(isa);
+            let err = portable.iter().zip(&fast).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(err <= 1e-5, "{name}: max |{isa:?} - portable| = {err:e}");
+            assert!(fast.iter().all(|x| x.is_finite() && x.abs() <= 1.0), "{name} {isa:?}");
+        }
     }
 
-    /// Both builds give bitwise equal results whatever the plan: a small
+    /// Every build gives bitwise equal results whatever the plan: a small
     /// prefill on 1 thread (tasks of 16 tokens x 3 heads) and on 16 (1 head x
     /// 48 tokens), with odd head_dim 20 (vector and scalar column paths).
     #[test]
-    fn both_paths_are_plan_independent() {
+    fn every_isa_is_plan_independent() {
         let layout = PagedLayout { num_kv_heads: 2, head_dim: 20, page_size: 16, num_pages: 8 };
         let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
         let k = wave(layout.layer_len(), 0.37);
@@ -576,16 +642,57 @@ mod tests {
         let q = wave(40 * num_heads * layout.head_dim, 0.73);
         let table: Vec<u32> = (0..8).rev().collect();
         let seqs = [SequenceAttention { query_start: 0, query_len: 40, context_len: 90, page_table: &table }];
-        let run = |avx2: bool, threads: usize| {
+        let run = |isa: Isa, threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             let mut out = vec![0.0f32; q.len()];
-            pool.install(|| run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, avx2)).unwrap();
+            pool.install(|| run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, isa)).unwrap();
             out.into_iter().map(f32::to_bits).collect::<Vec<_>>()
         };
         let plans = |threads| Plan::new(layout.num_kv_heads, 3, &seqs, threads);
         assert_ne!(plans(1).tokens, plans(16).tokens);
-        for avx2 in [false, has_avx2()] {
-            assert_eq!(run(avx2, 1), run(avx2, 16), "avx2: {avx2}");
+        for isa in Isa::available() {
+            assert_eq!(run(isa, 1), run(isa, 16), "{isa:?}");
+        }
+    }
+
+    /// In every build, the last tokens of a prompt computed one by one as
+    /// decode steps (tasks of few rows reading the pool in place, long
+    /// contexts split into chunks on a 4-thread pool) equal bitwise the same
+    /// tokens computed in one prefill (tasks of 48 rows converting tiles into
+    /// scratch, one task per context), for f16, bf16 and f32 pools.
+    #[test]
+    fn decode_steps_equal_prefill_in_every_isa() {
+        decode_equals_prefill::<half::f16>();
+        decode_equals_prefill::<half::bf16>();
+        decode_equals_prefill::<f32>();
+    }
+
+    fn decode_equals_prefill<T: KvElement>() {
+        // Head dim 72: the 64-lane, 16-lane (AVX-512) or 8-lane and scalar column paths.
+        let layout = PagedLayout { num_kv_heads: 2, head_dim: 72, page_size: 16, num_pages: 40 };
+        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
+        let k: Vec<T> = wave(layout.layer_len(), 0.37).into_iter().map(T::from_f32).collect();
+        let v: Vec<T> = wave(layout.layer_len(), 0.11).into_iter().map(T::from_f32).collect();
+        let (num_heads, len, decoded) = (6, 600, 5);
+        let row = num_heads * layout.head_dim;
+        let q = wave(len * row, 0.73);
+        let table: Vec<u32> = (0..40).map(|p| (p * 11) % 40).collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        for isa in Isa::available() {
+            let mut whole = vec![0.0f32; q.len()];
+            let seq = SequenceAttention { query_start: 0, query_len: len, context_len: len, page_table: &table };
+            pool.install(|| run_attention(&layout, num_heads, 0.1, &q, &k, &v, &[seq], &mut whole, isa)).unwrap();
+            for t in len - decoded..len {
+                let seq = SequenceAttention { query_start: 0, query_len: 1, context_len: t + 1, page_table: &table };
+                let plan = Plan::new(layout.num_kv_heads, 3, &[seq], 4);
+                assert!(plan.split && plan.heads <= IN_PLACE_MAX_ROWS, "{plan:?}");
+                let mut one = vec![0.0f32; row];
+                let q_t = &q[t * row..(t + 1) * row];
+                pool.install(|| run_attention(&layout, num_heads, 0.1, q_t, &k, &v, &[seq], &mut one, isa)).unwrap();
+                let want = &whole[t * row..(t + 1) * row];
+                let same = one.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa:?} {}: token {t}", std::any::type_name::<T>());
+            }
         }
     }
 }

@@ -70,7 +70,7 @@ impl CudaAttentionBatch {
         slots: &[u32],
     ) -> Result<Self, KernelError> {
         layout.validate()?;
-        if num_heads == 0 || num_heads % layout.num_kv_heads != 0 {
+        if num_heads == 0 || !num_heads.is_multiple_of(layout.num_kv_heads) {
             return Err(KernelError::HeadsNotMultiple { num_heads, num_kv_heads: layout.num_kv_heads });
         }
         if !HEAD_DIMS.contains(&layout.head_dim) {

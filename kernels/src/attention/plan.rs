@@ -43,14 +43,17 @@ impl Plan {
         }
         let split = Plan { split: true, ..whole };
         let split_tasks = split.tasks(num_kv_heads, seqs);
-        if split_tasks >= want {
+        // Contexts of one chunk gain nothing from splitting.
+        let split_helps = split_tasks > whole_tasks;
+        if split_helps && split_tasks >= want {
             return split;
         }
         let mut plan = whole;
         while plan.heads > 1 && plan.tasks(num_kv_heads, seqs) < want {
             plan = make(plan.heads.div_ceil(2), false);
         }
-        let plan = if split_tasks > plan.tasks(num_kv_heads, seqs) { split } else { plan };
+        // On a tie, splitting the context wins: halved heads re-read K/V.
+        let plan = if split_helps && split_tasks >= plan.tasks(num_kv_heads, seqs) { split } else { plan };
         debug_assert!(plan.heads * plan.tokens <= MAX_ROWS.max(plan.heads));
         plan
     }

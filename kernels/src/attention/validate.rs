@@ -18,7 +18,7 @@ pub(super) fn validate<T>(
     out: &[f32],
 ) -> Result<(), KernelError> {
     layout.validate()?;
-    if num_heads == 0 || num_heads % layout.num_kv_heads != 0 {
+    if num_heads == 0 || !num_heads.is_multiple_of(layout.num_kv_heads) {
         return Err(KernelError::HeadsNotMultiple { num_heads, num_kv_heads: layout.num_kv_heads });
     }
     if !scale.is_finite() {
@@ -29,7 +29,7 @@ pub(super) fn validate<T>(
         .ok_or(KernelError::InvalidLayout("num_heads * head_dim overflows usize"))?;
     check_len("k_cache", k_cache.len(), layout.layer_len())?;
     check_len("v_cache", v_cache.len(), layout.layer_len())?;
-    if q.len() % row_len != 0 {
+    if !q.len().is_multiple_of(row_len) {
         return Err(KernelError::RaggedRows { what: "q", len: q.len(), row_len });
     }
     check_len("out", out.len(), q.len())?;

@@ -28,7 +28,7 @@ impl QuantizedRows {
     /// Quantizes `x`, row-major `[rows, k]`; `k` must be a non-zero multiple of 32.
     pub fn new(x: &[f32], k: usize) -> Result<Self, KernelError> {
         check_k(k)?;
-        if x.len() % k != 0 {
+        if !x.len().is_multiple_of(k) {
             return Err(KernelError::RaggedRows { what: "activations", len: x.len(), row_len: k });
         }
         let mut rows = QuantizedRows::default();
@@ -88,7 +88,7 @@ impl QuantizedRows {
 
 /// Checks the inner dimension of a Q8_0 matmul.
 pub(crate) fn check_k(k: usize) -> Result<(), KernelError> {
-    if k == 0 || k % QK8_0 != 0 {
+    if k == 0 || !k.is_multiple_of(QK8_0) {
         return Err(KernelError::BadQuantized(format!("k = {k} must be a non-zero multiple of {QK8_0}")));
     }
     Ok(())

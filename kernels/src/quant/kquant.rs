@@ -73,7 +73,7 @@ impl Q8KRows {
     /// Quantizes `x`, row-major `[rows, k]`; `k` must be a non-zero multiple of 256.
     pub fn new(x: &[f32], k: usize) -> Result<Self, KernelError> {
         check_k(k)?;
-        if x.len() % k != 0 {
+        if !x.len().is_multiple_of(k) {
             return Err(KernelError::RaggedRows { what: "activations", len: x.len(), row_len: k });
         }
         let mut rows = Q8KRows::default();
@@ -147,7 +147,7 @@ fn quantize_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
 
 /// Checks the inner dimension of a K-quant matmul.
 pub(crate) fn check_k(k: usize) -> Result<(), KernelError> {
-    if k == 0 || k % QK_K != 0 {
+    if k == 0 || !k.is_multiple_of(QK_K) {
         return Err(KernelError::BadQuantized(format!("k = {k} must be a non-zero multiple of {QK_K}")));
     }
     Ok(())
@@ -202,7 +202,7 @@ pub(crate) fn use_avx2(kernel: Q8Kernel) -> Result<bool, KernelError> {
 pub(crate) fn matmul<M: KMatrix>(w: &M, x: &[f32], out: &mut [f32], kernel: Q8Kernel) -> Result<(), KernelError> {
     let avx2 = use_avx2(kernel)?;
     let k = w.k();
-    if x.len() % k != 0 {
+    if !x.len().is_multiple_of(k) {
         return Err(KernelError::RaggedRows { what: "activations", len: x.len(), row_len: k });
     }
     check_out(w, x.len() / k, out)?;

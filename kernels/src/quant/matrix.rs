@@ -135,7 +135,7 @@ impl Q8_0Matrix {
             return Err(KernelError::Unavailable(kernel.name()));
         }
         let kernel = kernel.resolve();
-        if x.len() % self.k != 0 {
+        if !x.len().is_multiple_of(self.k) {
             return Err(KernelError::RaggedRows { what: "activations", len: x.len(), row_len: self.k });
         }
         let m = x.len() / self.k;

@@ -21,6 +21,6 @@ impl Rng {
     /// Roughly Gaussian (sum of uniforms), with an occasional outlier as real activations have.
     pub fn activation(&mut self) -> f32 {
         let g = (0..4).map(|_| self.unit()).sum::<f32>();
-        if self.next() % 97 == 0 { g * 20.0 } else { g }
+        if self.next().is_multiple_of(97) { g * 20.0 } else { g }
     }
 }
