@@ -12,6 +12,9 @@
 #   MODELS="smollm2 qwen3"   which models
 #   BENCH=1        the comparison (0: skip it, e.g. to profile alone)
 #   PROFILE=1      perf profile of our pp512 and tg32@d512 on the Qwen3-shaped model (0: skip)
+#   BUSY=0         1: also our decode at depth 512 idle and with one core made busy by another
+#                  process (a shell busy-loop), alternating, ROUNDS times per model: the "no
+#                  collapse" check (busy speed at least 40% of idle); table in $OUT/busy.md
 #   OUT=target/model-bench   where the raw JSON, logs and the table go
 #   CANDLE_NUM_THREADS   threads of candle's quantized-matmul pool (default: THREADS); 1 runs
 #                  matmuls on the calling thread alone (see benches/README.md: on a busy machine
@@ -31,6 +34,7 @@ ROUNDS="${ROUNDS:-1}"
 MODELS="${MODELS:-smollm2 qwen3}"
 PROFILE="${PROFILE:-1}"
 BENCH="${BENCH:-1}"
+BUSY="${BUSY:-0}"
 OUT="${OUT:-target/model-bench}"
 PYTHON="${PYTHON:-$HOME/.cache/radix-serve/refenv/bin/python}"
 mkdir -p "$OUT"
@@ -105,6 +109,32 @@ for m, o in mem:
           f"{'within' if peak <= bound else 'OVER'}")
 EOF
 [ "$BENCH" = 1 ] && cat "$OUT/table.md"
+
+if [ "$BUSY" = 1 ]; then
+  decode512() {
+    "$ours" --model "$1" --threads "$THREADS" --pp 0 --tg-ctx 512 --tg-tokens 32 --reps "$REPS" --json 2>/dev/null |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["results"][0]["tokens_per_s"])'
+  }
+  {
+    echo "| model | round | idle tok/s | one core busy tok/s | busy / idle |"
+    echo "| --- | ---: | ---: | ---: | ---: |"
+    for m in $MODELS; do
+      f=$(model_path "$m")
+      for r in $(seq 1 "$ROUNDS"); do
+        log "$m busy round $r"
+        idle=$(decode512 "$f")
+        (while :; do :; done) &
+        hog=$!
+        loaded=$(decode512 "$f")
+        kill "$hog"
+        wait "$hog" 2>/dev/null || true
+        python3 -c "import sys; i, b = map(float, sys.argv[2:]); print(f'| {sys.argv[1]} | $r | {i:.1f} | {b:.1f} | {100 * b / i:.0f}% |')" \
+          "$m" "$idle" "$loaded"
+      done
+    done
+  } >"$OUT/busy.md"
+  cat "$OUT/busy.md"
+fi
 
 if [ "$PROFILE" = 1 ] && perf record -e cpu-clock -o /dev/null -- true >/dev/null 2>&1; then
   f=$(model_path qwen3)
