@@ -52,13 +52,16 @@ pub(crate) fn q8_0_matrix(q: &QTensor, notes: &mut Vec<String>) -> Result<Option
 /// Bytes of one Q8_0 block: an f16 scale and 32 signed 8-bit values.
 const Q8_0_BLOCK: usize = 34;
 
+/// Writes one block's 32 values as signed integers.
+type UnpackBlock = fn(&[u8], &mut [i8; 32]);
+
 /// The same matrix as Q8_0, exactly, for types whose values are a per-block f16 scale times a
 /// small signed integer: Q4_0 (`d * (q - 8)`, `q` in 0..16) and Q5_0 (`d * (q - 16)`, `q` in
 /// 0..32). The integers fit in 8 bits, so the Q8_0 copy holds bitwise the same values and our
 /// int8 kernel runs it (candle's CPU kernels for these types are scalar or untiled: a Q4_0
 /// Qwen3-0.6B-shaped model prefilled 48 tok/s against llama.cpp's 495). `None` for other types.
 pub(crate) fn exact_q8_0(q: &QTensor) -> Result<Option<QTensor>> {
-    let (block, unpack): (usize, fn(&[u8], &mut [i8; 32])) = match q.dtype() {
+    let (block, unpack): (usize, UnpackBlock) = match q.dtype() {
         GgmlDType::Q4_0 => (18, unpack_q4_0),
         GgmlDType::Q5_0 => (22, unpack_q5_0),
         _ => return Ok(None),
