@@ -244,6 +244,14 @@ struct Split<'p, 'b> {
     offset: usize,
 }
 
+/// One task: its sequence, its query rows and, in a split call, its chunk.
+#[derive(Clone, Copy)]
+struct Task<'s, 'p, 'b> {
+    seq: &'s SequenceAttention<'s>,
+    rows: Rows,
+    split: Option<Split<'p, 'b>>,
+}
+
 /// `out` shared by the parallel tasks, each writing its own disjoint rows.
 struct OutPtr<'a> {
     ptr: *mut f32,
@@ -340,14 +348,15 @@ impl<T: KvElement> Ctx<'_, T> {
             if scratch.len() < len {
                 scratch.resize(len, 0.0);
             }
-            self.attend_dispatch(seq, rows, split, &mut scratch[..len]);
+            self.attend_dispatch(Task { seq, rows, split }, &mut scratch[..len]);
         });
     }
 
     /// Runs [`attend`](Self::attend) compiled for the best instruction set
     /// the CPU has, reading K/V in place when the task has few rows.
     #[inline(always)]
-    fn attend_dispatch(&self, seq: &SequenceAttention, rows: Rows, split: Option<Split>, scratch: &mut [f32]) {
+    fn attend_dispatch(&self, task: Task, scratch: &mut [f32]) {
+        let Task { seq, rows, .. } = task;
         let d = self.head_dim;
         let (work, tiles) = scratch.split_at_mut(3 * rows.len() * d);
         let (kt, vt) = tiles.split_at_mut(TILE * d);
@@ -362,36 +371,29 @@ impl<T: KvElement> Ctx<'_, T> {
         let in_place = rows.len() <= IN_PLACE_MAX_ROWS && d <= <f32 as TileElement>::MAX_ROW;
         #[cfg(target_arch = "x86_64")]
         if self.isa != Isa::Portable {
-            if !(in_place && self.attend_in_place::<true>(seq, rows, split, work, walk)) {
+            if !(in_place && self.attend_in_place::<true>(task, work, walk)) {
                 let mut src = Converted::<T, true> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
-                self.attend_isa::<true, _>(seq, rows, split, work, &mut src);
+                self.attend_isa::<true, _>(task, work, &mut src);
             }
             return;
         }
-        if !(in_place && self.attend_in_place::<false>(seq, rows, split, work, walk)) {
+        if !(in_place && self.attend_in_place::<false>(task, work, walk)) {
             let mut src = Converted::<T, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
-            self.attend_isa::<false, _>(seq, rows, split, work, &mut src);
+            self.attend_isa::<false, _>(task, work, &mut src);
         }
     }
 
     /// Runs [`attend`](Self::attend) over the pool read in place, if `T` is
     /// one of the types the kernels read directly; false if not.
     #[inline(always)]
-    fn attend_in_place<const AVX2: bool>(
-        &self,
-        seq: &SequenceAttention,
-        rows: Rows,
-        split: Option<Split>,
-        work: &mut [f32],
-        walk: PageWalk,
-    ) -> bool {
+    fn attend_in_place<const AVX2: bool>(&self, task: Task, work: &mut [f32], walk: PageWalk) -> bool {
         let (k, v) = (self.k_cache, self.v_cache);
         if let (Some(k), Some(v)) = (T::as_f16_slice(k), T::as_f16_slice(v)) {
-            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
         } else if let (Some(k), Some(v)) = (T::as_bf16_slice(k), T::as_bf16_slice(v)) {
-            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
         } else if let (Some(k), Some(v)) = (T::as_f32_slice(k), T::as_f32_slice(v)) {
-            self.attend_isa::<AVX2, _>(seq, rows, split, work, &mut InPlace { k, v, walk });
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
         } else {
             return false;
         }
@@ -401,24 +403,17 @@ impl<T: KvElement> Ctx<'_, T> {
     /// [`attend`](Self::attend) in the AVX2 build (`AVX2`, x86_64 only,
     /// where `isa` is AVX2 or better) or the portable one.
     #[inline(always)]
-    fn attend_isa<const AVX2: bool, S: TileSource>(
-        &self,
-        seq: &SequenceAttention,
-        rows: Rows,
-        split: Option<Split>,
-        work: &mut [f32],
-        src: &mut S,
-    ) {
+    fn attend_isa<const AVX2: bool, S: TileSource>(&self, task: Task, work: &mut [f32], src: &mut S) {
         #[cfg(target_arch = "x86_64")]
         if AVX2 {
             debug_assert!(self.isa != Isa::Portable);
             // SAFETY: callers set `AVX2` only when `isa` is AVX2 or better,
             // i.e. the CPU supports AVX2, FMA and F16C (`run_attention`'s
             // contract).
-            unsafe { self.attend_avx2(seq, rows, split, work, src) };
+            unsafe { self.attend_avx2(task, work, src) };
             return;
         }
-        self.attend::<false, S>(seq, rows, split, work, src);
+        self.attend::<false, S>(task, work, src);
     }
 
     /// [`attend`](Self::attend) with 256-bit vectors and fused multiply-adds.
@@ -427,15 +422,8 @@ impl<T: KvElement> Ctx<'_, T> {
     /// The CPU must support AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_avx2<S: TileSource>(
-        &self,
-        seq: &SequenceAttention,
-        rows: Rows,
-        split: Option<Split>,
-        work: &mut [f32],
-        src: &mut S,
-    ) {
-        self.attend::<true, S>(seq, rows, split, work, src);
+    unsafe fn attend_avx2<S: TileSource>(&self, task: Task, work: &mut [f32], src: &mut S) {
+        self.attend::<true, S>(task, work, src);
     }
 
     /// Attention of one task's query rows, with a streaming softmax over
@@ -450,14 +438,8 @@ impl<T: KvElement> Ctx<'_, T> {
     /// over all [`TILE`] columns (later positions masked to weight 0), and
     /// rows that see nothing of a tile skip it entirely.
     #[inline(always)]
-    fn attend<const AVX2: bool, S: TileSource>(
-        &self,
-        seq: &SequenceAttention,
-        rows: Rows,
-        split: Option<Split>,
-        work: &mut [f32],
-        src: &mut S,
-    ) {
+    fn attend<const AVX2: bool, S: TileSource>(&self, task: Task, work: &mut [f32], src: &mut S) {
+        let Task { seq, rows, split } = task;
         let d = self.head_dim;
         let n = rows.len();
         debug_assert!((1..=MAX_ROWS).contains(&n));
