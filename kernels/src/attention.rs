@@ -24,10 +24,10 @@ mod source;
 mod tile;
 mod validate;
 
-use partial::{PartialBuf, finish_row, finish_row_in_place, merge_partial};
+use partial::{PartialBuf, finish_row, merge_partial};
 use plan::Plan;
 use source::{Converted, InPlace, PageWalk, TileSource};
-use tile::{TILE, TileElement};
+use tile::{MAX_IN_PLACE_ROW, TILE};
 use validate::validate;
 #[cfg(feature = "cuda")]
 pub(crate) use validate::validate_sequences;
@@ -368,7 +368,7 @@ impl<T: KvElement> Ctx<'_, T> {
             end: seq.context_len - seq.query_len + rows.t0 + rows.tokens,
             d,
         };
-        let in_place = rows.len() <= IN_PLACE_MAX_ROWS && d <= <f32 as TileElement>::MAX_ROW;
+        let in_place = rows.len() <= IN_PLACE_MAX_ROWS && d <= MAX_IN_PLACE_ROW;
         #[cfg(target_arch = "x86_64")]
         if self.isa != Isa::Portable {
             if !(in_place && self.attend_in_place::<true>(task, work, walk)) {
@@ -516,7 +516,7 @@ impl<T: KvElement> Ctx<'_, T> {
                     }
                     None => {
                         let run_acc = &mut merged[r * d..(r + 1) * d];
-                        merge_partial(&mut run_max[r], &mut run_sum[r], run_acc, max[r], sum[r], chunk_acc, c == 0);
+                        merge_partial(&mut run_max[r], &mut run_sum[r], run_acc, max[r], sum[r], chunk_acc);
                     }
                 }
             }
@@ -534,7 +534,8 @@ impl<T: KvElement> Ctx<'_, T> {
             let dst = unsafe { self.out.slice((row * self.num_heads + rows.h0) * d, rows.heads * d) };
             for (hh, dst) in dst.chunks_exact_mut(d).enumerate() {
                 let r = t * rows.heads + hh;
-                finish_row(dst, &merged[r * d..(r + 1) * d], run_sum[r]);
+                dst.copy_from_slice(&merged[r * d..(r + 1) * d]);
+                finish_row(dst, run_sum[r]);
             }
         }
     }
@@ -560,9 +561,9 @@ impl<T: KvElement> Ctx<'_, T> {
             for c in 0..=position / CHUNK {
                 // SAFETY: every task has finished; folds only read.
                 let slot = unsafe { partials.slot(offset + self.partial_index(seq, t, h, c)) };
-                merge_partial(&mut max, &mut sum, out, slot[0], slot[1], &slot[2..], c == 0);
+                merge_partial(&mut max, &mut sum, out, slot[0], slot[1], &slot[2..]);
             }
-            finish_row_in_place(out, sum);
+            finish_row(out, sum);
         }
     }
 }

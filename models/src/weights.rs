@@ -89,7 +89,11 @@ impl Linear {
                         out[j] = Some(layers[j].add_bias(y)?);
                     }
                 }
-                None => out[i] = Some(layer.forward(x)?),
+                None => {
+                    for &j in &group {
+                        out[j] = Some(layers[j].forward(x)?);
+                    }
+                }
             }
         }
         Ok(out.into_iter().map(|y| y.expect("every layer computed")).collect())

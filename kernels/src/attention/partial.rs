@@ -37,8 +37,8 @@ pub(super) fn with_buffers<R>(floats: usize, offsets: usize, f: impl FnOnce(&mut
 }
 
 /// Folds a chunk's partial state (`max`, `sum`, `acc`) into a row's running
-/// state, in place. `first` (chunk 0) copies it: every row sees position 0,
-/// so chunk 0 always has a state.
+/// state, in place. A running state whose max is still `-inf` (none yet:
+/// before chunk 0, which every row sees) takes the chunk's state as it is.
 #[inline(always)]
 pub(super) fn merge_partial(
     run_max: &mut f32,
@@ -47,10 +47,9 @@ pub(super) fn merge_partial(
     max: f32,
     sum: f32,
     acc: &[f32],
-    first: bool,
 ) {
     debug_assert_eq!(run_acc.len(), acc.len());
-    if first || *run_max == f32::NEG_INFINITY {
+    if *run_max == f32::NEG_INFINITY {
         *run_max = max;
         *run_sum = sum;
         run_acc.copy_from_slice(acc);
@@ -69,26 +68,17 @@ pub(super) fn merge_partial(
     *run_max = new_max;
 }
 
-/// Writes a row's final output: `acc / sum`.
+/// Turns a row's merged accumulator into its output, in place: `acc / sum`.
 #[inline(always)]
-pub(super) fn finish_row(dst: &mut [f32], acc: &[f32], sum: f32) {
+pub(super) fn finish_row(row: &mut [f32], sum: f32) {
     // Every row sees at least position 0, so `sum > 0` unless the inputs
     // hold non-finite values (then so does the output).
     let inv = 1.0 / sum;
-    for (o, a) in dst.iter_mut().zip(acc) {
+    for o in row.iter_mut() {
         // `+ 0.0` turns -0 into +0: adding a masked position's zero weight
         // can flip the sign of a zero accumulator, and how many such
         // positions a row meets depends on its task, so this keeps results
         // plan-independent.
-        *o = a * inv + 0.0;
-    }
-}
-
-/// [`finish_row`] in place.
-#[inline(always)]
-pub(super) fn finish_row_in_place(row: &mut [f32], sum: f32) {
-    let inv = 1.0 / sum;
-    for o in row.iter_mut() {
         *o = *o * inv + 0.0;
     }
 }
@@ -160,14 +150,14 @@ mod tests {
         };
         let (m0, s0, a0) = partial(&scores[..3], &values[..3]);
         let (m1, s1, a1) = partial(&scores[3..], &values[3..]);
-        let (mut m, mut s, mut a) = (0.0, 0.0, [0.0]);
-        merge_partial(&mut m, &mut s, &mut a, m0, s0, &a0, true);
-        merge_partial(&mut m, &mut s, &mut a, m1, s1, &a1, false);
+        let (mut m, mut s, mut a) = (f32::NEG_INFINITY, 0.0, [0.0]);
+        merge_partial(&mut m, &mut s, &mut a, m0, s0, &a0);
+        merge_partial(&mut m, &mut s, &mut a, m1, s1, &a1);
         let (wm, ws, wa) = partial(&scores, &values);
         assert_eq!(m, wm);
         assert!((a[0] / s - wa[0] / ws).abs() < 1e-6);
         // A chunk without weight leaves the state alone.
-        merge_partial(&mut m, &mut s, &mut a, f32::NEG_INFINITY, 0.0, &[0.0], false);
+        merge_partial(&mut m, &mut s, &mut a, f32::NEG_INFINITY, 0.0, &[0.0]);
         assert_eq!(m, wm);
     }
 }

@@ -20,6 +20,10 @@ pub(super) const TILE: usize = 16;
 /// One query row's scores (then weights) over a tile.
 pub(super) type TileRow = [f32; TILE];
 
+/// The largest head size the kernels read in place, the length of
+/// [`TileElement::zeros`]; larger heads are converted into scratch.
+pub(super) const MAX_IN_PLACE_ROW: usize = 512;
+
 /// The K (or V) rows of one tile's positions, `head_dim` elements each:
 /// either converted f32 rows in scratch or rows of the pool read in place.
 pub(super) type TileRows<'a, E> = [&'a [E]; TILE];
@@ -41,10 +45,7 @@ pub(super) trait TileElement: Copy + Into<f32> + 'static {
     /// This type, for the vector loads.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const KIND: ElementKind;
-    /// Most elements [`zeros`](Self::zeros) holds: the largest head size the
-    /// kernels read in place (larger ones are converted into scratch).
-    const MAX_ROW: usize = 512;
-    /// [`MAX_ROW`](Self::MAX_ROW) zeros: the row of positions past a
+    /// [`MAX_IN_PLACE_ROW`] zeros: the row of positions past a
     /// sequence's end, which may have no page.
     fn zeros() -> &'static [Self];
 }
@@ -52,7 +53,7 @@ pub(super) trait TileElement: Copy + Into<f32> + 'static {
 impl TileElement for f32 {
     const KIND: ElementKind = ElementKind::F32;
     fn zeros() -> &'static [Self] {
-        static ZEROS: [f32; 512] = [0.0; 512];
+        static ZEROS: [f32; MAX_IN_PLACE_ROW] = [0.0; MAX_IN_PLACE_ROW];
         &ZEROS
     }
 }
@@ -60,7 +61,7 @@ impl TileElement for f32 {
 impl TileElement for f16 {
     const KIND: ElementKind = ElementKind::F16;
     fn zeros() -> &'static [Self] {
-        static ZEROS: [f16; 512] = [f16::ZERO; 512];
+        static ZEROS: [f16; MAX_IN_PLACE_ROW] = [f16::ZERO; MAX_IN_PLACE_ROW];
         &ZEROS
     }
 }
@@ -68,7 +69,7 @@ impl TileElement for f16 {
 impl TileElement for bf16 {
     const KIND: ElementKind = ElementKind::BF16;
     fn zeros() -> &'static [Self] {
-        static ZEROS: [bf16; 512] = [bf16::ZERO; 512];
+        static ZEROS: [bf16; MAX_IN_PLACE_ROW] = [bf16::ZERO; MAX_IN_PLACE_ROW];
         &ZEROS
     }
 }
