@@ -140,14 +140,13 @@ pub(crate) enum Isa {
 impl Isa {
     /// The best set this CPU supports (detection is cached by `std`).
     pub(crate) fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                return if has!("avx512f") { Isa::Avx512 } else { Isa::Avx2 };
-            }
+        if !crate::cpu::has_avx2_fma_f16c() {
+            Isa::Portable
+        } else if crate::cpu::has_avx512f() {
+            Isa::Avx512
+        } else {
+            Isa::Avx2
         }
-        Isa::Portable
     }
 
     /// Every set this CPU supports, worst first (for tests).

@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 mod attention;
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod element;

@@ -2,16 +2,8 @@
 //! on the same Q8_0 weights, for SmolLM2-135M's shapes.
 //!
 //! ```text
-//! matmul-bench [--threads 2] [--reps 7] [--m 1,512] [--formats q8_0,q4_k,q6_k]
+//! matmul-bench [--threads 2] [--reps 7] [--m 1,512]
 //! ```
-//!
-//! - `q4_k` / `q6_k` time [`Q4KMatrix`] / [`Q6KMatrix`] against candle on Qwen3-0.6B's shapes:
-//!   1024 -> 2048 (q), 1024 -> 1024 (k/v), 2048 -> 1024 (o), 1024 -> 3072 (gate/up),
-//!   3072 -> 1024 (down), and for Q6_K also 1024 -> 151936 (lm head). Both quantize the
-//!   activations to Q8_K but ggml's rounding differs from ours in the last step (it scales by
-//!   `-127 / max`), so `max diff` is about 1e-4 at m = 512 (1e-7 at m = 1). candle 0.11.1
-//!   runs repacked 16-column K-quant kernels on x86 (AVX-512 VNNI where present; set
-//!   `MISTRALRS_FORCE_AVX2=1` to time its AVX2 tier against ours).
 //!
 //! - Shapes (`k -> n_out`): 576 -> 576 (attention q/o), 576 -> 1536 (MLP gate/up),
 //!   1536 -> 576 (MLP down), 576 -> 49152 (tied lm_head).
@@ -32,7 +24,7 @@ use anyhow::{Context, Result};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
-use radix_kernels::quant::{Q4KMatrix, Q6KMatrix, Q8_0Matrix, Q8Kernel};
+use radix_kernels::quant::{Q8_0Matrix, Q8Kernel};
 
 #[derive(Parser, Debug)]
 #[command(about = "Q8_0 matmul: radix-kernels vs candle on SmolLM2's shapes")]
@@ -46,44 +38,6 @@ struct Args {
     /// Activation rows to time (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,512")]
     m: Vec<usize>,
-    /// Weight formats to time (comma-separated: q8_0, q4_k, q6_k).
-    #[arg(long, value_delimiter = ',', default_value = "q8_0,q4_k,q6_k")]
-    formats: Vec<String>,
-}
-
-/// (k, n_out, what) of Qwen3-0.6B's matrices; the lm head only for Q6_K (as in Q4_K_M files).
-const QWEN3_SHAPES: [(usize, usize, &str); 6] = [
-    (1024, 2048, "attn q"),
-    (1024, 1024, "attn k/v"),
-    (2048, 1024, "attn o"),
-    (1024, 3072, "mlp gate/up"),
-    (3072, 1024, "mlp down"),
-    (1024, 151936, "lm_head"),
-];
-
-/// Our matrix in one of the benchmarked formats.
-enum Ours {
-    Q8_0(Q8_0Matrix),
-    Q4K(Q4KMatrix),
-    Q6K(Q6KMatrix),
-}
-
-impl Ours {
-    fn build(dtype: GgmlDType, n_out: usize, k: usize, bytes: &[u8]) -> Result<Ours> {
-        Ok(match dtype {
-            GgmlDType::Q8_0 => Ours::Q8_0(Q8_0Matrix::from_ggml_bytes(n_out, k, bytes)?),
-            GgmlDType::Q4K => Ours::Q4K(Q4KMatrix::from_ggml_bytes(n_out, k, bytes)?),
-            _ => Ours::Q6K(Q6KMatrix::from_ggml_bytes(n_out, k, bytes)?),
-        })
-    }
-
-    fn matmul_with(&self, x: &[f32], out: &mut [f32], kernel: Q8Kernel) -> Result<(), radix_kernels::KernelError> {
-        match self {
-            Ours::Q8_0(w) => w.matmul_with(x, out, kernel),
-            Ours::Q4K(w) => w.matmul_with(x, out, kernel),
-            Ours::Q6K(w) => w.matmul_with(x, out, kernel),
-        }
-    }
 }
 
 /// (k, n_out, what) of SmolLM2-135M's matrices.
@@ -137,20 +91,10 @@ fn main() -> Result<()> {
         "{:<18} {:>12} {:>5} {:>10} {:>10} {:>7} {:>9} {:>10}",
         "matrix", "k -> n_out", "m", "candle ms", "ours ms", "ratio", "max diff", "avx2 ms"
     );
-    let mut cases = Vec::new();
-    for f in &a.formats {
-        match f.as_str() {
-            "q8_0" => cases.extend(SHAPES.iter().map(|&s| (GgmlDType::Q8_0, s))),
-            "q4_k" => cases.extend(QWEN3_SHAPES[..5].iter().map(|&s| (GgmlDType::Q4K, s))),
-            "q6_k" => cases.extend(QWEN3_SHAPES.iter().map(|&s| (GgmlDType::Q6K, s))),
-            other => anyhow::bail!("unknown format {other:?} (q8_0, q4_k, q6_k)"),
-        }
-    }
-    for (dtype, (k, n_out, what)) in cases {
-        let what = format!("{dtype:?} {what}");
+    for (k, n_out, what) in SHAPES {
         let w = Tensor::from_vec(values(n_out * k, 1), (n_out, k), &Device::Cpu)?;
-        let qt = QTensor::quantize(&w, dtype)?;
-        let ours = Ours::build(dtype, n_out, k, &qt.data()?)?;
+        let qt = QTensor::quantize(&w, GgmlDType::Q8_0)?;
+        let ours = Q8_0Matrix::from_ggml_bytes(n_out, k, &qt.data()?)?;
         let candle = QMatMul::from_qtensor(qt)?;
         for &m in &a.m {
             let x = values(m * k, 2 + m as u64);

@@ -32,7 +32,7 @@ impl QuantizedRows {
             return Err(KernelError::RaggedRows { what: "activations", len: x.len(), row_len: k });
         }
         let mut rows = QuantizedRows::default();
-        rows.fill(x, k, super::has_avx2_fma());
+        rows.fill(x, k, crate::cpu::has_avx2_fma());
         Ok(rows)
     }
 

@@ -103,13 +103,13 @@ impl Q8_0Matrix {
 
     /// The f32 matrix the blocks stand for (`q * scale`), row-major `[n_out, k]`.
     pub fn dequantize(&self) -> Vec<f32> {
-        super::dequantize_rows(self.n_out, self.k, |row, out| self.dequantize_row(row, out))
+        dequantize_rows(self.n_out, self.k, |row, out| self.dequantize_row(row, out))
     }
 
     /// Row `row` of the matrix in f32 (`q * scale`), into `out` (`k` values): a lookup in a
     /// quantized embedding table.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) -> Result<(), KernelError> {
-        super::check_row(self.n_out, self.k, row, out)?;
+        check_row(self.n_out, self.k, row, out)?;
         let nb = self.k / QK8_0;
         let (g, r) = (row / ROWS, row % ROWS);
         for (b, out) in out.chunks_exact_mut(QK8_0).enumerate() {
@@ -261,3 +261,28 @@ struct OutPtr(*mut f32);
 
 // SAFETY: see `Q8_0Matrix::call`: tasks write disjoint elements of a buffer that outlives them.
 unsafe impl Sync for OutPtr {}
+
+/// Checks that `row` names one of `n_out` rows and that `out` holds `k` values: the arguments
+/// of [`Q8_0Matrix::dequantize_row`].
+fn check_row(n_out: usize, k: usize, row: usize, out: &[f32]) -> Result<(), crate::KernelError> {
+    if row >= n_out {
+        return Err(crate::KernelError::BadQuantized(format!("row {row} of a matrix with {n_out} rows")));
+    }
+    if out.len() != k {
+        return Err(crate::KernelError::LengthMismatch { what: "row out", expected: k, actual: out.len() });
+    }
+    Ok(())
+}
+
+/// The whole `[n_out, k]` matrix in f32, row by row through `dequantize_row`.
+fn dequantize_rows(
+    n_out: usize,
+    k: usize,
+    dequantize_row: impl Fn(usize, &mut [f32]) -> Result<(), crate::KernelError>,
+) -> Vec<f32> {
+    let mut w = vec![0.0f32; n_out * k];
+    for (row, out) in w.chunks_exact_mut(k).enumerate() {
+        dequantize_row(row, out).expect("row and length are in range");
+    }
+    w
+}

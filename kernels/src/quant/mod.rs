@@ -1,9 +1,8 @@
 //! Quantized matrix multiplication on the CPU: Q8_0 weights times f32 activations.
 //!
-//! [`Q4KMatrix`] and [`Q6KMatrix`] do the same for GGML's Q4_K and Q6_K weights (activations
-//! quantized to Q8_K, [`Q8KRows`]; inner dimension a multiple of 256). They are not wired into
-//! the model yet: candle 0.11.1 has its own repacked K-quant kernels, whose AVX-512 tier is
-//! still faster at prefill (see `matmul-bench --formats q4_k,q6_k`).
+//! K-quants (Q4_K, Q6_K) run on candle's kernels: ours were faster alone at one row but slower
+//! in the model, and were removed (benches/README.md, "K-quant kernels"; the last commit that
+//! has them is 4fb5aed).
 //!
 //! [`Q8_0Matrix`] holds a weight matrix `[n_out, k]` in GGML's Q8_0 format (blocks of 32
 //! int8 values sharing one scale), repacked at load so that one pass over an activation row
@@ -34,47 +33,18 @@
 //! # Ok::<(), radix_kernels::KernelError>(())
 //! ```
 
+use crate::cpu;
+
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-mod kquant;
 mod matrix;
-mod q4_k;
-mod q6_k;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
 pub use activations::{QuantizedRows, quantize_block_q8_0};
-pub use kquant::{Q8KRows, QK_K};
 pub use matrix::Q8_0Matrix;
-pub use q4_k::{Q4_K_BLOCK_BYTES, Q4KMatrix};
-pub use q6_k::{Q6_K_BLOCK_BYTES, Q6KMatrix};
-
-/// Checks that `row` names one of `n_out` rows and that `out` holds `k` values: the arguments
-/// of every matrix's `dequantize_row`.
-fn check_row(n_out: usize, k: usize, row: usize, out: &[f32]) -> Result<(), crate::KernelError> {
-    if row >= n_out {
-        return Err(crate::KernelError::BadQuantized(format!("row {row} of a matrix with {n_out} rows")));
-    }
-    if out.len() != k {
-        return Err(crate::KernelError::LengthMismatch { what: "row out", expected: k, actual: out.len() });
-    }
-    Ok(())
-}
-
-/// The whole `[n_out, k]` matrix in f32, row by row through a matrix's `dequantize_row`.
-fn dequantize_rows(
-    n_out: usize,
-    k: usize,
-    dequantize_row: impl Fn(usize, &mut [f32]) -> Result<(), crate::KernelError>,
-) -> Vec<f32> {
-    let mut w = vec![0.0f32; n_out * k];
-    for (row, out) in w.chunks_exact_mut(k).enumerate() {
-        dequantize_row(row, out).expect("row and length are in range");
-    }
-    w
-}
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -101,16 +71,16 @@ impl Q8Kernel {
     pub fn is_available(self) -> bool {
         match self {
             Q8Kernel::Auto | Q8Kernel::Scalar => true,
-            Q8Kernel::Avx2 => has_avx2_fma(),
-            Q8Kernel::Vnni => has_vnni(),
+            Q8Kernel::Avx2 => cpu::has_avx2_fma(),
+            Q8Kernel::Vnni => cpu::has_vnni_256(),
         }
     }
 
     /// `Auto` resolved to a concrete kernel.
     fn resolve(self) -> Q8Kernel {
         match self {
-            Q8Kernel::Auto if has_vnni() => Q8Kernel::Vnni,
-            Q8Kernel::Auto if has_avx2_fma() => Q8Kernel::Avx2,
+            Q8Kernel::Auto if cpu::has_vnni_256() => Q8Kernel::Vnni,
+            Q8Kernel::Auto if cpu::has_avx2_fma() => Q8Kernel::Avx2,
             Q8Kernel::Auto => Q8Kernel::Scalar,
             other => other,
         }
@@ -123,30 +93,5 @@ impl Q8Kernel {
             Q8Kernel::Avx2 => "avx2",
             Q8Kernel::Vnni => "vnni",
         }
-    }
-}
-
-/// Whether the CPU supports AVX2 and FMA (cached by `std`).
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        has!("avx2") && has!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the CPU supports AVX2, FMA and a 256-bit VNNI encoding (cached by `std`).
-fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        has_avx2_fma() && vnni::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
