@@ -24,6 +24,10 @@ pub(crate) struct Logits<'a> {
     pub(crate) row: &'a dyn Fn(usize) -> Result<Vec<f32>, String>,
 }
 
+/// A logits row as the model produced it, with how many alternatives the request wants: what
+/// log-probabilities are computed from, before masks and penalties change the row.
+type RawRow = Option<(Vec<f32>, usize)>;
+
 /// Turns logits into tokens, events and endings.
 #[derive(Debug)]
 pub(crate) struct Postprocess {
@@ -71,7 +75,7 @@ impl Postprocess {
         logits: &Logits,
         row: usize,
         device_argmax: &mut Option<Option<Vec<u32>>>,
-    ) -> Result<(u32, Option<(Vec<f32>, usize)>), String> {
+    ) -> Result<(u32, RawRow), String> {
         // Plain greedy rows of logits on a GPU are decided there: one id comes back instead of
         // the vocabulary.
         let plain_greedy = seq.sampler.is_plain_greedy()
@@ -94,7 +98,7 @@ impl Postprocess {
 
     /// Takes `token` into the sequence and tells the client; returns how the sequence ends, if
     /// it does.
-    fn accept(&self, seq: &mut Sequence, token: u32, raw: Option<(Vec<f32>, usize)>) -> Option<Ending> {
+    fn accept(&self, seq: &mut Sequence, token: u32, raw: RawRow) -> Option<Ending> {
         seq.sampler.accept(token);
         seq.first_token.get_or_insert_with(Instant::now);
         if seq.request.stop_tokens.contains(&token) {

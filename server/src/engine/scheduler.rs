@@ -76,7 +76,7 @@ impl Scheduler {
     /// what came with its index.
     pub(crate) fn remove<T>(&mut self, mut picked: Vec<(usize, T)>) -> Vec<(Sequence, T)> {
         // From the back, so that the indices still to come stay valid.
-        picked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        picked.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
         picked.into_iter().map(|(i, with)| (self.running.swap_remove(i), with)).collect()
     }
 

@@ -5,9 +5,9 @@
 
 use std::collections::HashSet;
 
-use proptest::prelude::*;
 use super::{NodeId, RadixCache};
 use crate::engine::PageAllocator;
+use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
