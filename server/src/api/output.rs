@@ -26,6 +26,7 @@ pub(crate) struct OutputPipeline {
 }
 
 impl OutputPipeline {
+    /// A pipeline parsing with `options` (the template family's output format).
     pub(crate) fn new(options: ParserOptions) -> Self {
         OutputPipeline { parser: StreamingParser::new(options), held_tokens: 0, tool_calls: false, reasoning_tokens: 0 }
     }

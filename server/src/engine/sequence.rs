@@ -44,6 +44,7 @@ pub(crate) enum Ending {
 }
 
 impl Sequence {
+    /// A request just arrived, waiting for admission; `text` decodes its output.
     pub(crate) fn new(request: GenerateRequest, events: UnboundedSender<EngineEvent>, text: StopText) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt);
         Sequence {
