@@ -201,10 +201,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prefix_cache: !args.no_prefix_cache,
         max_context: context_length,
     };
-    let engine = EngineHandle::start(EngineCore::new(model, pool, config));
+    let tokenizer = Arc::new(tokenizer);
+    let engine = EngineHandle::start(EngineCore::new(model, pool, config, Arc::clone(&tokenizer)));
     let state = Arc::new(ApiState {
         engine,
-        tokenizer: Arc::new(tokenizer),
+        tokenizer,
         template,
         output_format,
         stop_tokens,

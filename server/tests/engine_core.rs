@@ -1,23 +1,39 @@
 //! The engine on a tiny random model: prefix sharing between concurrent requests, "the cache
-//! never changes the answer", behaviour under KV pressure, and page accounting after everything
-//! finishes.
+//! never changes the answer", behaviour under KV pressure, page accounting after everything
+//! finishes, and stop strings and dropped clients ending replies like any other ending.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use radix_models::tokenizer::Tokenizer;
 use radix_models::{KvDType, KvPool, LoadOptions, Model};
-use radix_serve::engine::{EngineConfig, EngineCore, EngineEvent, GenerateRequest, SamplingParams};
+use radix_serve::engine::{
+    EngineConfig, EngineCore, EngineEvent, FinishReason, GenerateRequest, SamplingParams, Timings,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+fn fixture(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny/qwen3").join(file)
+}
+
 fn model() -> Model {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny/qwen3/model.safetensors");
-    Model::load(&path, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() }).unwrap()
+    Model::load(
+        &fixture("model.safetensors"),
+        &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() },
+    )
+    .unwrap()
+}
+
+/// The tiny model's toy vocabulary, which its GGUF file carries.
+fn tokenizer() -> Arc<Tokenizer> {
+    Arc::new(Tokenizer::from_gguf_file(fixture("model-f32.gguf")).unwrap())
 }
 
 fn engine(pages: usize, page_size: usize, prefix_cache: bool) -> EngineCore {
     let model = model();
     let pool = KvPool::new(model.config(), page_size, pages, KvDType::F32).unwrap();
     let config = EngineConfig { max_running: 4, batch_tokens: 16, prefix_cache, max_context: 512 };
-    EngineCore::new(model, pool, config)
+    EngineCore::new(model, pool, config, tokenizer())
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequest {
@@ -26,6 +42,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequ
         sampling: SamplingParams { temperature: 0.0, ..Default::default() },
         max_tokens,
         stop_tokens: vec![],
+        stop_strings: vec![],
         use_cache,
         constraint: None,
     }
@@ -57,7 +74,7 @@ fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outcome> 
             while let Ok(event) = rx.try_recv() {
                 match event {
                     EngineEvent::Started { cached_tokens, .. } => outcome.cached = cached_tokens,
-                    EngineEvent::Token(t) => outcome.tokens.push(t),
+                    EngineEvent::Token { id, .. } => outcome.tokens.push(id),
                     EngineEvent::Finished { .. } | EngineEvent::Logprobs(_) => {}
                     EngineEvent::Failed(m) => panic!("request failed: {m}"),
                 }
@@ -140,4 +157,91 @@ fn oversized_prompts_and_dropped_clients_are_handled() {
     engine.check_invariants().unwrap();
     let stats = engine.stats();
     assert_eq!(stats.pages_free + stats.pages_cached, stats.pages_total);
+}
+
+/// Everything one request heard, in order.
+struct Heard {
+    text: String,
+    tokens: usize,
+    end: Option<(FinishReason, Timings)>,
+}
+
+fn hear(rx: &mut UnboundedReceiver<EngineEvent>) -> Heard {
+    let mut heard = Heard { text: String::new(), tokens: 0, end: None };
+    while let Ok(event) = rx.try_recv() {
+        match event {
+            EngineEvent::Token { text, .. } => {
+                heard.text.push_str(&text);
+                heard.tokens += 1;
+            }
+            EngineEvent::Finished { reason, timings, text } => {
+                heard.text.push_str(&text);
+                heard.end = Some((reason, timings));
+            }
+            EngineEvent::Failed(m) => panic!("request failed: {m}"),
+            EngineEvent::Started { .. } | EngineEvent::Logprobs(_) => {}
+        }
+    }
+    heard
+}
+
+fn run_one(engine: &mut EngineCore, request: GenerateRequest) -> Heard {
+    let (tx, mut rx) = unbounded_channel();
+    engine.add(request, tx);
+    while !engine.idle() {
+        engine.step();
+    }
+    engine.check_invariants().unwrap();
+    hear(&mut rx)
+}
+
+fn latency_counts(engine: &EngineCore) -> (u64, u64) {
+    let m = engine.metrics();
+    (m.time_to_first_token.count, m.time_per_output_token.count)
+}
+
+#[test]
+fn a_stop_string_ends_the_reply_in_the_engine_and_counts_like_any_ending() {
+    let mut engine = engine(256, 1, true);
+    let prompt = prompt(7, &[], 12);
+    let plain = run_one(&mut engine, request(prompt.clone(), 16, true));
+    let (reason, timings) = plain.end.clone().expect("the reply finished");
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!((timings.predicted_n, plain.tokens), (16, 16));
+    assert_eq!(latency_counts(&engine), (1, 1));
+    // A stop string from the reply's own text, past its first characters.
+    let chars: Vec<char> = plain.text.chars().collect();
+    assert!(chars.len() >= 8, "the toy vocabulary decodes to text: {:?}", plain.text);
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = &plain.text[..plain.text.find(&stop).unwrap()];
+
+    let mut with_stop = request(prompt.clone(), 16, true);
+    with_stop.stop_strings = vec![String::new(), stop.clone()];
+    let stopped = run_one(&mut engine, with_stop);
+    let (reason, stopped_timings) = stopped.end.expect("the reply finished");
+    assert_eq!(reason, FinishReason::StopString(stop.clone()));
+    assert_eq!(stopped.text, cut, "the text stops right before the stop string");
+    assert!(stopped.tokens < 16 && stopped_timings.predicted_n == stopped.tokens);
+    assert_eq!(stopped_timings.cache_n + stopped_timings.prompt_n, prompt.len());
+    assert!(stopped_timings.prompt_ms >= 0.0 && stopped_timings.predicted_ms >= 0.0);
+    let tpot = u64::from(stopped.tokens > 1);
+    assert_eq!(latency_counts(&engine), (2, 1 + tpot), "the stopped reply is counted");
+}
+
+#[test]
+fn a_client_gone_after_its_first_tokens_counts_in_the_latency_histograms() {
+    let mut engine = engine(64, 1, true);
+    let (tx, mut rx) = unbounded_channel();
+    engine.add(request(prompt(3, &[], 10), 100, true), tx);
+    let mut tokens = 0;
+    while tokens < 3 {
+        engine.step();
+        tokens += hear(&mut rx).tokens;
+    }
+    drop(rx);
+    engine.step();
+    assert!(engine.idle(), "the abandoned sequence ended");
+    engine.check_invariants().unwrap();
+    assert_eq!(latency_counts(&engine), (1, 1));
+    assert_eq!(engine.metrics().generated_tokens, tokens as u64);
 }

@@ -1,5 +1,6 @@
 //! Security defaults and limits (API keys on every route but /health, 413, JSON depth, queue
-//! limit, 503 while loading) and Prometheus metrics, against the real binary.
+//! limit, 503 while loading) and Prometheus metrics (every way a reply ends counts in the
+//! latency histograms), against the real binary.
 
 mod common;
 
@@ -58,6 +59,93 @@ fn raw(server: &Server, head: &str) -> (u16, Json) {
     let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Json::Null);
     (status, body)
+}
+
+/// The counts of the time-to-first-token and time-per-output-token histograms.
+fn latency_counts(server: &Server, bearer: &str) -> (f64, f64) {
+    let (status, text) = call(server, "GET", "/metrics", &[("Authorization", bearer)], None);
+    assert_eq!(status, 200, "{text}");
+    let text = text.as_str().unwrap();
+    (
+        metric(text, "radix_serve_time_to_first_token_seconds_count "),
+        metric(text, "radix_serve_time_per_output_token_seconds_count "),
+    )
+}
+
+/// Waits until the latency histograms reach `at_least` (the engine publishes its metrics right
+/// after the step that ended a reply, which may be just after the client heard the end).
+fn wait_for_counts(server: &Server, bearer: &str, at_least: (f64, f64)) -> (f64, f64) {
+    let started = std::time::Instant::now();
+    loop {
+        let counts = latency_counts(server, bearer);
+        if (counts.0 >= at_least.0 && counts.1 >= at_least.1) || started.elapsed() > Duration::from_secs(60) {
+            return counts;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A reply ended by its end-of-turn token (or its limit), one ended by a stop string and one
+/// whose client left mid-stream all count in the TTFT and TPOT histograms, and the stop-string
+/// reply carries the same timings as the first.
+fn every_ending_is_counted_and_timed(server: &Server, bearer: &str) {
+    let auth = [("Authorization", bearer)];
+    let body = json!({"prompt": "The best way to learn a language is", "n_predict": 24, "temperature": 0});
+    let before = latency_counts(server, bearer);
+    let (status, plain) = call(server, "POST", "/completion", &auth, Some(&body));
+    assert_eq!(status, 200, "{plain}");
+    assert!(plain["tokens_predicted"].as_u64().unwrap() > 1, "{plain}");
+    let after_plain = wait_for_counts(server, bearer, (before.0 + 1.0, before.1 + 1.0));
+    assert_eq!(after_plain, (before.0 + 1.0, before.1 + 1.0), "a reply that ran to its end counts once");
+
+    let content = plain["content"].as_str().unwrap();
+    let words: Vec<&str> = content.split_whitespace().collect();
+    assert!(words.len() >= 3, "enough output to pick a stop word: {content:?}");
+    // A word past the first two whose first occurrence is its own: the stop then comes at
+    // the third token or later, so the reply has a time per output token too.
+    let second_end = words[1].as_ptr() as usize - content.as_ptr() as usize + words[1].len();
+    let word = *words[2..].iter().find(|w| content.find(**w).unwrap() >= second_end).unwrap();
+    let mut with_stop = body.clone();
+    with_stop["stop"] = json!([word]);
+    let (status, stopped) = call(server, "POST", "/completion", &auth, Some(&with_stop));
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["stop_type"], "word", "{stopped}");
+    assert_eq!(stopped["stopping_word"], word);
+    let keys = |t: &Json| t.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&stopped["timings"]), keys(&plain["timings"]), "{stopped}");
+    let timings = &stopped["timings"];
+    assert!(timings["predicted_n"].as_u64().unwrap() > 1, "{timings}");
+    assert_eq!(timings["predicted_n"], stopped["tokens_predicted"], "{stopped}");
+    assert_eq!(timings["cache_n"].as_u64().unwrap() + timings["prompt_n"].as_u64().unwrap(), plain["tokens_evaluated"]);
+    for key in ["prompt_ms", "predicted_ms", "predicted_per_second"] {
+        assert!(timings[key].as_f64().is_some_and(|v| v.is_finite() && v >= 0.0), "{key}: {timings}");
+    }
+    let after_stop = wait_for_counts(server, bearer, (after_plain.0 + 1.0, after_plain.1 + 1.0));
+    assert_eq!(after_stop, (after_plain.0 + 1.0, after_plain.1 + 1.0), "a reply ended by a stop string counts");
+
+    // A streamed reply whose client leaves after its first tokens.
+    let stream = json!({"prompt": "Count from one to a thousand:", "n_predict": 400, "temperature": 0, "stream": true})
+        .to_string();
+    let addr = server.base.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{stream}",
+        stream.len()
+    );
+    socket.write_all(head.as_bytes()).unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while String::from_utf8_lossy(&received).matches("data: ").count() < 3 {
+        let n = socket.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..n]);
+    }
+    drop(socket);
+    let after_gone = wait_for_counts(server, bearer, (after_stop.0 + 1.0, after_stop.1 + 1.0));
+    assert_eq!(after_gone, (after_stop.0 + 1.0, after_stop.1 + 1.0), "a reply whose client left counts");
+    server.wait_idle();
 }
 
 fn metric(text: &str, line_start: &str) -> f64 {
@@ -232,6 +320,8 @@ fn keys_limits_loading_and_metrics() {
         assert!(text.contains(&format!("# TYPE {family}")), "{family} missing:\n{text}");
     }
     assert!(text.contains(r#"radix_serve_time_to_first_token_seconds_bucket{le="+Inf"}"#));
+
+    every_ending_is_counted_and_timed(&server, &bearer);
     let _ = std::fs::remove_file(key_file);
     let _ = std::fs::remove_file(template);
 }

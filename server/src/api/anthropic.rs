@@ -97,7 +97,7 @@ async fn messages(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
 }
 
 fn start(state: &ApiState, p: Prepared) -> Generation {
-    let mut generation = Generation::start(&state.engine, Arc::clone(&state.tokenizer), p.request, p.stops, p.parser);
+    let mut generation = Generation::start(&state.engine, p.request, p.parser);
     generation.cache_context = p.cache;
     generation
 }

@@ -22,7 +22,6 @@ use crate::engine::{GenerateRequest, SamplingParams, Timings, TokenLogprobs};
 /// Everything a chat request decided before generation starts.
 pub(super) struct Prepared {
     pub(super) request: GenerateRequest,
-    pub(super) stops: Vec<String>,
     pub(super) parser: ParserOptions,
     pub(super) stream: bool,
     include_usage: bool,
@@ -88,11 +87,12 @@ pub(super) fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiErro
         sampling,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
+        stop_strings: stops,
         use_cache: flag(&body, "cache_prompt", true)?,
         constraint: super::constrain::chat_constraint(&body, state.output_format, &state.tokenizer)?,
     };
     let id = format!("chatcmpl-{}", unique_suffix());
-    Ok(Prepared { request, stops, parser, stream, include_usage, id, cache: Some(cache) })
+    Ok(Prepared { request, parser, stream, include_usage, id, cache: Some(cache) })
 }
 
 /// A suffix that makes ids unique within this process and across restarts.
@@ -152,7 +152,7 @@ fn delta(event: &ParseEvent) -> Json {
 }
 
 fn start(state: &ApiState, p: Prepared) -> (Generation, String, bool) {
-    let mut generation = Generation::start(&state.engine, Arc::clone(&state.tokenizer), p.request, p.stops, p.parser);
+    let mut generation = Generation::start(&state.engine, p.request, p.parser);
     generation.cache_context = p.cache;
     (generation, p.id, p.include_usage)
 }

@@ -30,10 +30,8 @@ pub(super) fn routes() -> Router<Arc<ApiState>> {
 
 /// A raw-text generation request: the prompt is tokenized as given, no chat template.
 pub(super) struct TextRequest {
-    /// What the engine runs.
+    /// What the engine runs (stop strings included).
     pub(super) request: GenerateRequest,
-    /// Stop strings.
-    pub(super) stops: Vec<String>,
 }
 
 /// Reads a raw-text body: `prompt` (see [`prompt_tokens`]), sampling over `defaults`, `stop`,
@@ -57,10 +55,11 @@ pub(super) fn prepare_text(
         sampling: sampling(body, defaults)?,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
+        stop_strings: stops(body)?,
         use_cache: flag(body, "cache_prompt", true)?,
         constraint: None,
     };
-    Ok(TextRequest { request, stops: stops(body)? })
+    Ok(TextRequest { request })
 }
 
 /// Raw text out: no reasoning or tool-call parsing.
@@ -122,8 +121,7 @@ async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Respons
         Err(e) => return e.into_response(),
     };
     let wants_logprobs = text.request.sampling.logprobs.is_some();
-    let generation =
-        Generation::start(&state.engine, Arc::clone(&state.tokenizer), text.request, text.stops, plain_parser());
+    let generation = Generation::start(&state.engine, text.request, plain_parser());
     let id = format!("cmpl-{}", unique_suffix());
     if stream {
         stream_completion(state, generation, id, include_usage, silent, wants_logprobs).into_response()

@@ -122,8 +122,7 @@ async fn completion(State(state): State<Arc<ApiState>>, body: Bytes) -> Response
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    let generation =
-        Generation::start(&state.engine, Arc::clone(&state.tokenizer), text.request, text.stops, plain_parser());
+    let generation = Generation::start(&state.engine, text.request, plain_parser());
     if stream {
         stream_completion(state, generation, settings).into_response()
     } else {

@@ -39,7 +39,7 @@ impl EngineHandle {
         let (commands, inbox) = channel();
         let shared = Arc::new(Shared {
             stats: Mutex::new(core.stats()),
-            metrics: Mutex::new(core.metrics().clone()),
+            metrics: Mutex::new(core.metrics()),
             in_flight: AtomicUsize::new(0),
         });
         let published = Arc::clone(&shared);
@@ -119,6 +119,6 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
             flush_pending = false;
         }
         *shared.stats.lock().expect("stats lock is never poisoned") = core.stats();
-        *shared.metrics.lock().expect("metrics lock is never poisoned") = core.metrics().clone();
+        *shared.metrics.lock().expect("metrics lock is never poisoned") = core.metrics();
     }
 }

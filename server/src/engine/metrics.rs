@@ -1,7 +1,7 @@
 //! Counters and latency histograms the engine keeps for `/metrics`, measured with the engine's
 //! own timestamps (submitted, admitted, first token) so that HTTP overhead does not blur them.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bucket bounds (seconds) for time to first token and queue time: prefill on a CPU takes from
 /// milliseconds to minutes.
@@ -77,6 +77,34 @@ impl Default for EngineMetrics {
             time_to_first_token: Histogram::new(LATENCY_BOUNDS),
             time_per_output_token: Histogram::new(TOKEN_BOUNDS),
             queue_time: Histogram::new(LATENCY_BOUNDS),
+        }
+    }
+}
+
+impl EngineMetrics {
+    /// Counts an admitted request: its prompt, how much of it the cache held, how long it waited.
+    pub(crate) fn observe_admission(&mut self, prompt: usize, cached: usize, queued: Duration) {
+        self.requests_admitted += 1;
+        self.prompt_tokens += prompt as u64;
+        self.cached_tokens += cached as u64;
+        self.prefill_tokens += (prompt - cached) as u64;
+        self.queue_time.observe(queued);
+    }
+
+    /// Counts a reply that ends at `now`, however it ended (a client gone after its first token
+    /// counts too): its tokens, the time to its first token and the mean time between tokens.
+    pub(crate) fn observe_reply(
+        &mut self,
+        arrived: Instant,
+        first_token: Option<Instant>,
+        generated: usize,
+        now: Instant,
+    ) {
+        self.generated_tokens += generated as u64;
+        let Some(first) = first_token else { return };
+        self.time_to_first_token.observe(first.duration_since(arrived));
+        if generated > 1 {
+            self.time_per_output_token.observe(now.duration_since(first) / (generated as u32 - 1));
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The engine: the radix prefix cache, the KV page allocator, the scheduler and step loop, and
-//! the sampler, all owned by one engine thread (DESIGN.md §1-2).
+//! The engine, owned by one engine thread (DESIGN.md §1-2): each step schedules
+//! (`scheduler.rs`), runs one forward pass, and postprocesses the logits (`postprocess.rs`:
+//! sampling, constraints, stop tokens and stop strings); the prefix cache (`prefix_cache.rs`
+//! over the radix tree in `radix.rs` and the page allocator in `pages.rs`) owns every page.
 
 pub mod cache_report;
 pub mod constraint;
@@ -7,9 +9,12 @@ pub mod core;
 pub mod handle;
 pub mod metrics;
 pub mod pages;
+mod postprocess;
+mod prefix_cache;
 pub mod radix;
 pub mod request;
 pub mod sampler;
+mod scheduler;
 mod sequence;
 pub mod stop;
 

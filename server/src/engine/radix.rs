@@ -6,6 +6,10 @@
 //! page (so a match loses at most `page_size - 1` tokens). Nobody ever writes into a page the
 //! tree holds. A node's lock count is the number of running sequences whose matched path goes
 //! through it; locked nodes are never evicted.
+//!
+//! The pages of unlocked nodes (what eviction could free) are counted as locks change and nodes
+//! come and go, like SGLang's `evictable_size_`, so asking "can these pages be had" costs
+//! nothing; `check_invariants` compares the count with a full scan.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -63,6 +67,8 @@ pub struct RadixCache {
     page_size: usize,
     clock: u64,
     cached_pages: usize,
+    /// Pages held by unlocked nodes, kept up to date by every change of a lock or a node.
+    evictable_pages: usize,
 }
 
 impl RadixCache {
@@ -75,6 +81,7 @@ impl RadixCache {
             page_size,
             clock: 0,
             cached_pages: 0,
+            evictable_pages: 0,
         }
     }
 
@@ -116,6 +123,8 @@ impl RadixCache {
                 self.clock,
             ));
             self.cached_pages += whole - matched / p;
+            // A new leaf is unlocked: its pages can be evicted until someone locks it.
+            self.evictable_pages += whole - matched / p;
             self.nodes[node].children.insert(tokens[matched..matched + p].to_vec(), leaf);
             leaf
         } else {
@@ -130,8 +139,12 @@ impl RadixCache {
     pub fn lock(&mut self, node: NodeId) {
         let mut n = node;
         while n != ROOT {
-            self.nodes[n].lock += 1;
-            n = self.nodes[n].parent;
+            let node = &mut self.nodes[n];
+            if node.lock == 0 {
+                self.evictable_pages -= node.pages.len();
+            }
+            node.lock += 1;
+            n = node.parent;
         }
     }
 
@@ -139,14 +152,23 @@ impl RadixCache {
     pub fn unlock(&mut self, node: NodeId) {
         let mut n = node;
         while n != ROOT {
-            debug_assert!(self.nodes[n].lock > 0, "unlock of node {n} that is not locked");
-            self.nodes[n].lock = self.nodes[n].lock.saturating_sub(1);
-            n = self.nodes[n].parent;
+            let node = &mut self.nodes[n];
+            debug_assert!(node.lock > 0, "unlock of node {n} that is not locked");
+            if node.lock == 1 {
+                self.evictable_pages += node.pages.len();
+            }
+            node.lock = node.lock.saturating_sub(1);
+            n = node.parent;
         }
     }
 
     /// Pages that eviction could free now (held by unlocked nodes).
     pub fn evictable_pages(&self) -> usize {
+        self.evictable_pages
+    }
+
+    /// [`evictable_pages`](Self::evictable_pages) counted the slow way, to check the count.
+    fn evictable_pages_by_scan(&self) -> usize {
         self.nodes.iter().skip(1).filter(|n| n.alive && n.lock == 0).map(|n| n.pages.len()).sum()
     }
 
@@ -171,6 +193,7 @@ impl RadixCache {
             node.alive = false;
             node.children.clear();
             self.cached_pages -= node.pages.len();
+            self.evictable_pages -= node.pages.len();
             freed.append(&mut node.pages);
             node.tokens.clear();
             self.free_nodes.push(id);
@@ -188,8 +211,9 @@ impl RadixCache {
         self.nodes.iter().filter(|n| n.alive).flat_map(|n| n.pages.iter().copied()).collect()
     }
 
-    /// Every cached sequence that ends at a leaf, as tokens (for tests and debugging).
-    pub fn leaf_sequences(&self) -> Vec<Vec<u32>> {
+    /// Every cached sequence that ends at a leaf, as tokens.
+    #[cfg(test)]
+    pub(crate) fn leaf_sequences(&self) -> Vec<Vec<u32>> {
         let mut out = Vec::new();
         for (id, node) in self.nodes.iter().enumerate().skip(1) {
             if node.alive && node.children.is_empty() {
@@ -204,6 +228,7 @@ impl RadixCache {
         self.nodes.iter().any(|n| n.alive && n.lock > 0)
     }
 
+    #[cfg(test)]
     fn path_tokens(&self, mut id: NodeId) -> Vec<u32> {
         let mut parts = Vec::new();
         while id != ROOT {
@@ -296,7 +321,7 @@ impl RadixCache {
 
     /// Checks the tree's structure: edges are non-empty whole pages with one page id per page,
     /// children are keyed by their first page, no page is held twice, and a node's lock count
-    /// covers its children's.
+    /// covers its children's, and the evictable count matches the nodes.
     pub fn check_invariants(&self) -> Result<(), String> {
         let p = self.page_size;
         let mut seen = HashSet::new();
@@ -333,6 +358,13 @@ impl RadixCache {
         if total != self.cached_pages {
             return Err(format!("{total} pages in nodes but {} counted", self.cached_pages));
         }
+        let evictable = self.evictable_pages_by_scan();
+        if evictable != self.evictable_pages {
+            return Err(format!("{evictable} pages in unlocked nodes but {} counted", self.evictable_pages));
+        }
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod props;

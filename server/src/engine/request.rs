@@ -15,6 +15,9 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// Tokens that end generation (EOS and end-of-turn tokens); they are not sent back.
     pub stop_tokens: Vec<u32>,
+    /// Strings that end generation where they appear in the text (OpenAI's `stop`, llama.cpp's
+    /// `stop`, Anthropic's `stop_sequences`); neither they nor anything after them is sent back.
+    pub stop_strings: Vec<String>,
     /// Reuse and extend the prefix cache (llama.cpp's `cache_prompt`; off gives a cold prefill).
     pub use_cache: bool,
     /// A grammar the output must follow (tool_choice, response_format); `None` is free text.
@@ -23,12 +26,14 @@ pub struct GenerateRequest {
 }
 
 /// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
-    /// A stop token (or, on the HTTP side, a stop string).
+    /// A stop token (end of turn, end of sequence), or a constraint's grammar is complete.
     Stop,
     /// `max_tokens`, the context length, or a full KV pool.
     Length,
+    /// This stop string appeared in the text.
+    StopString(String),
 }
 
 /// Timings in llama.cpp's terms.
@@ -62,13 +67,22 @@ pub enum EngineEvent {
     /// request's sampling asks for them.
     Logprobs(TokenLogprobs),
     /// One generated token.
-    Token(u32),
-    /// Generation ended.
+    Token {
+        /// Its id.
+        id: u32,
+        /// The text it released past stop-string matching: empty while a character is
+        /// incomplete or while the text could still be the start of a stop string.
+        text: String,
+    },
+    /// Generation ended (every ending the client can still receive, a stop string included).
     Finished {
         /// Why.
         reason: FinishReason,
         /// How long it took.
         timings: Timings,
+        /// Text held back until now and released by the end (a stop string's start that never
+        /// completed, an unfinished character); empty after a stop string.
+        text: String,
     },
     /// The request could not be served.
     Failed(String),

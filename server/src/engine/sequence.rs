@@ -5,8 +5,9 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::radix::NodeId;
-use super::request::{EngineEvent, GenerateRequest};
+use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings};
 use super::sampler::Sampler;
+use super::stop::StopText;
 
 /// One request's state on the engine thread.
 #[derive(Debug)]
@@ -22,6 +23,8 @@ pub(crate) struct Sequence {
     pub(crate) node: Option<NodeId>,
     pub(crate) cached_tokens: usize,
     pub(crate) sampler: Sampler,
+    /// The generated text, with stop strings matched in it.
+    pub(crate) text: StopText,
     pub(crate) request: GenerateRequest,
     pub(crate) events: UnboundedSender<EngineEvent>,
     pub(crate) arrived: Instant,
@@ -29,8 +32,20 @@ pub(crate) struct Sequence {
     pub(crate) first_token: Option<Instant>,
 }
 
+/// How a running sequence ends; every ending goes through the engine's one finish path.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Ending {
+    /// Generation ended and the client hears why.
+    Finished(FinishReason),
+    /// The client is gone: nobody to tell.
+    Abandoned,
+    /// The request could not be served.
+    Failed(String),
+}
+
 impl Sequence {
-    pub(crate) fn new(request: GenerateRequest, events: UnboundedSender<EngineEvent>) -> Self {
+    /// A request just arrived, waiting for admission; `text` decodes its output.
+    pub(crate) fn new(request: GenerateRequest, events: UnboundedSender<EngineEvent>, text: StopText) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt);
         Sequence {
             tokens: request.prompt.clone(),
@@ -40,6 +55,7 @@ impl Sequence {
             node: None,
             cached_tokens: 0,
             sampler,
+            text,
             request,
             events,
             arrived: Instant::now(),
@@ -56,5 +72,18 @@ impl Sequence {
     /// The client is gone (its receiver was dropped).
     pub(crate) fn abandoned(&self) -> bool {
         self.events.is_closed()
+    }
+
+    /// Timings in llama.cpp's terms, as of `now`.
+    pub(crate) fn timings(&self, now: Instant) -> Timings {
+        let admitted = self.admitted.unwrap_or(self.arrived);
+        let first = self.first_token.unwrap_or(now);
+        Timings {
+            cache_n: self.cached_tokens,
+            prompt_n: self.prompt_len - self.cached_tokens,
+            prompt_ms: first.duration_since(admitted).as_secs_f64() * 1e3,
+            predicted_n: self.generated(),
+            predicted_ms: now.duration_since(first).as_secs_f64() * 1e3,
+        }
     }
 }

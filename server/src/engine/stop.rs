@@ -1,4 +1,9 @@
-//! Stop strings, matched in the detokenized text across token boundaries and never emitted.
+//! Stop strings, matched in the detokenized text across token boundaries and never emitted;
+//! and [`StopText`], a sequence's output text as the engine releases it.
+
+use std::sync::Arc;
+
+use radix_models::tokenizer::{IncrementalDetokenizer, Tokenizer};
 
 /// Finds stop strings in streamed text; holds back any tail that could still begin one.
 #[derive(Debug, Clone)]
@@ -62,6 +67,71 @@ impl StopMatcher {
             }
         }
         best
+    }
+}
+
+/// One sequence's generated text: decoded token by token, with any tail that could begin a stop
+/// string held back until it is known not to.
+#[derive(Debug)]
+pub(crate) struct StopText {
+    detokenizer: Option<IncrementalDetokenizer<Arc<Tokenizer>>>,
+    stops: Vec<String>,
+    matcher: StopMatcher,
+    /// Everything decoded, stop strings included, to tell which stop string matched.
+    raw: String,
+    /// Bytes of `raw` released past the matcher.
+    released: usize,
+    stopped: bool,
+}
+
+impl StopText {
+    /// Text for a generation that ends at any of `stops` (empty ones are ignored).
+    pub(crate) fn new(tokenizer: Arc<Tokenizer>, stops: &[String]) -> Self {
+        let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
+        StopText {
+            detokenizer: Some(IncrementalDetokenizer::new(tokenizer, true)),
+            matcher: StopMatcher::new(stops.clone()),
+            stops,
+            raw: String::new(),
+            released: 0,
+            stopped: false,
+        }
+    }
+
+    /// Feeds one generated token: the text it releases, and the stop string it completed.
+    pub(crate) fn push(&mut self, token: u32) -> (String, Option<String>) {
+        let text = match self.detokenizer.as_mut() {
+            // A token that decodes to nothing yet (part of a character) releases nothing.
+            Some(detokenizer) => detokenizer.push(token).ok().flatten().unwrap_or_default(),
+            None => String::new(),
+        };
+        self.feed(&text)
+    }
+
+    /// Ends the text without a stop string: releases whatever was held back.
+    pub(crate) fn finish(&mut self) -> String {
+        let rest = self.detokenizer.take().and_then(|d| d.finish().ok()).unwrap_or_default();
+        let (mut text, _) = self.feed(&rest);
+        if !self.stopped {
+            text.push_str(&self.matcher.finish());
+        }
+        text
+    }
+
+    fn feed(&mut self, text: &str) -> (String, Option<String>) {
+        if self.stopped || text.is_empty() {
+            return (String::new(), None);
+        }
+        self.raw.push_str(text);
+        let out = self.matcher.push(text);
+        self.released += out.text.len();
+        if !out.stopped {
+            return (out.text, None);
+        }
+        self.stopped = true;
+        let rest = &self.raw[self.released..];
+        let word = self.stops.iter().filter(|s| rest.starts_with(s.as_str())).max_by_key(|s| s.len()).cloned();
+        (out.text, Some(word.unwrap_or_default()))
     }
 }
 

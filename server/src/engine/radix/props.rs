@@ -1,11 +1,13 @@
 //! Property test of the radix cache against a naive model (a set of token vectors): random
 //! inserts, matches, locks, unlocks and evictions agree with the model, the tree's invariants
-//! hold after every operation, and every page is either free or in the tree exactly once.
+//! hold after every operation, the evictable count kept as locks change equals what evicting
+//! everything frees, and every page is either free or in the tree exactly once.
 
 use std::collections::HashSet;
 
+use super::{NodeId, RadixCache};
+use crate::engine::PageAllocator;
 use proptest::prelude::*;
-use radix_serve::engine::{NodeId, PageAllocator, RadixCache};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -111,6 +113,8 @@ proptest! {
                 }
             }
             prop_assert_eq!(tree.check_invariants(), Ok(()));
+            // The incrementally kept evictable count is what evicting everything would free.
+            prop_assert_eq!(tree.evictable_pages(), tree.clone().evict(usize::MAX).len());
             check_pages(&tree, &alloc);
         }
         for (node, _) in locked.drain(..) {

@@ -1,0 +1,130 @@
+//! From a forward pass's logits to what happens to each sequence: the next token (decided on
+//! the GPU for plain greedy rows, else read back, masked by a constraint and sampled), its
+//! log-probabilities, its text past stop-string matching, and whether the sequence ends here
+//! (stop token, stop string, complete grammar, `max_tokens`, context).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use radix_models::tokenizer::Tokenizer;
+
+use super::request::{EngineEvent, FinishReason, GenerateRequest, TokenLogprobs};
+use super::scheduler::Member;
+use super::sequence::{Ending, Sequence};
+use super::stop::StopText;
+
+/// A forward pass's logits, one row per member that wants them, seen through the two reads the
+/// postprocess needs (the tensor type stays with the model).
+pub(crate) struct Logits<'a> {
+    /// The logits live on a GPU, where an argmax is cheaper than reading a row back.
+    pub(crate) on_device: bool,
+    /// Every row's argmax.
+    pub(crate) argmax: &'a dyn Fn() -> Result<Vec<u32>, String>,
+    /// One row, read back to the host.
+    pub(crate) row: &'a dyn Fn(usize) -> Result<Vec<f32>, String>,
+}
+
+/// A logits row as the model produced it, with how many alternatives the request wants: what
+/// log-probabilities are computed from, before masks and penalties change the row.
+type RawRow = Option<(Vec<f32>, usize)>;
+
+/// Turns logits into tokens, events and endings.
+#[derive(Debug)]
+pub(crate) struct Postprocess {
+    tokenizer: Arc<Tokenizer>,
+    /// Longest context a sequence may reach.
+    max_context: usize,
+}
+
+impl Postprocess {
+    /// Decodes text with `tokenizer`; sequences end at `max_context` tokens.
+    pub(crate) fn new(tokenizer: Arc<Tokenizer>, max_context: usize) -> Self {
+        Postprocess { tokenizer, max_context }
+    }
+
+    /// The output text of a new request, with its stop strings.
+    pub(crate) fn text(&self, request: &GenerateRequest) -> StopText {
+        StopText::new(Arc::clone(&self.tokenizer), &request.stop_strings)
+    }
+
+    /// Picks the next token of every member that has a logits row, tells its client, and
+    /// returns the running indices of the sequences that end here, with how.
+    pub(crate) fn run(&self, logits: &Logits, members: &[Member], running: &mut [Sequence]) -> Vec<(usize, Ending)> {
+        // Asked for once, when the first plain greedy row needs it; `None` inside means the
+        // device could not answer and rows are read back instead.
+        let mut device_argmax: Option<Option<Vec<u32>>> = None;
+        let mut ends = Vec::new();
+        for (row, member) in members.iter().filter(|m| m.wants_logits).enumerate() {
+            let seq = &mut running[member.index];
+            let ending = match self.next_token(seq, logits, row, &mut device_argmax) {
+                Ok((token, raw)) => self.accept(seq, token, raw),
+                Err(message) => Some(Ending::Failed(message)),
+            };
+            if let Some(ending) = ending {
+                ends.push((member.index, ending));
+            }
+        }
+        ends
+    }
+
+    /// The sequence's next token and, when it asked for log-probabilities, the raw logits row
+    /// with how many alternatives it wants.
+    fn next_token(
+        &self,
+        seq: &mut Sequence,
+        logits: &Logits,
+        row: usize,
+        device_argmax: &mut Option<Option<Vec<u32>>>,
+    ) -> Result<(u32, RawRow), String> {
+        // Plain greedy rows of logits on a GPU are decided there: one id comes back instead of
+        // the vocabulary.
+        let plain_greedy = seq.sampler.is_plain_greedy()
+            && seq.request.constraint.is_none()
+            && seq.request.sampling.logprobs.is_none();
+        if logits.on_device && plain_greedy {
+            let ids = device_argmax.get_or_insert_with(|| (logits.argmax)().ok());
+            if let Some(&token) = ids.as_ref().and_then(|ids| ids.get(row)) {
+                return Ok((token, None));
+            }
+        }
+        let mut logits_row = (logits.row)(row).map_err(|e| format!("cannot read logits: {e}"))?;
+        // Logprobs are the model's distribution, before masks and penalties change the row.
+        let raw = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
+        if let Some(constraint) = seq.request.constraint.as_mut() {
+            constraint.mask_logits(&mut logits_row, &seq.request.stop_tokens)?;
+        }
+        Ok((seq.sampler.sample(&mut logits_row), raw))
+    }
+
+    /// Takes `token` into the sequence and tells the client; returns how the sequence ends, if
+    /// it does.
+    fn accept(&self, seq: &mut Sequence, token: u32, raw: RawRow) -> Option<Ending> {
+        seq.sampler.accept(token);
+        seq.first_token.get_or_insert_with(Instant::now);
+        if seq.request.stop_tokens.contains(&token) {
+            return Some(Ending::Finished(FinishReason::Stop));
+        }
+        // A complete grammar ends the reply right after its last token.
+        let grammar_done = match seq.request.constraint.as_mut().map(|c| c.accept(token).map(|()| c.is_finished())) {
+            Some(Err(e)) => return Some(Ending::Failed(e)),
+            Some(Ok(finished)) => finished,
+            None => false,
+        };
+        seq.tokens.push(token);
+        if let Some((raw, top)) = raw {
+            let _ = seq.events.send(EngineEvent::Logprobs(TokenLogprobs::from_logits(&raw, token, top)));
+        }
+        let (text, stop_string) = seq.text.push(token);
+        if seq.events.send(EngineEvent::Token { id: token, text }).is_err() {
+            Some(Ending::Abandoned)
+        } else if let Some(word) = stop_string {
+            Some(Ending::Finished(FinishReason::StopString(word)))
+        } else if grammar_done {
+            Some(Ending::Finished(FinishReason::Stop))
+        } else if seq.generated() >= seq.request.max_tokens || seq.tokens.len() >= self.max_context {
+            Some(Ending::Finished(FinishReason::Length))
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! A request's whole life in the KV cache: place its prompt (match, lock, allocate), share its
+//! prefill while it runs, grow its pages while it decodes, insert what it computed when it
+//! ends, release the rest, and evict unused cache to make room (DESIGN.md §2).
+//!
+//! Page ownership (DESIGN.md §2 invariant 1): every page is free, in the tree, or private to
+//! exactly one running sequence. A sequence's page table starts with the pages of its matched
+//! prefix (the tree's; locked while it runs) and continues with its own. Matches end on a page
+//! boundary and new tokens start there, so nobody writes into a page the tree holds.
+
+use std::collections::HashSet;
+
+use super::pages::PageAllocator;
+use super::radix::RadixCache;
+use super::sequence::Sequence;
+
+/// The radix tree and the page allocator, and every rule about who owns which page.
+#[derive(Debug)]
+pub(crate) struct PrefixCache {
+    tree: RadixCache,
+    alloc: PageAllocator,
+    page_size: usize,
+    /// Reuse cached prefixes at all (`--no-prefix-cache` turns it off).
+    enabled: bool,
+    /// Pages evicted to make room since start-up.
+    evicted_pages: u64,
+}
+
+impl PrefixCache {
+    /// An empty cache over a pool of `num_pages` pages of `page_size` tokens.
+    pub(crate) fn new(page_size: usize, num_pages: usize, enabled: bool) -> Self {
+        PrefixCache {
+            tree: RadixCache::new(page_size),
+            alloc: PageAllocator::new(num_pages),
+            page_size,
+            enabled,
+            evicted_pages: 0,
+        }
+    }
+
+    /// Tokens per page.
+    pub(crate) fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages in the pool.
+    pub(crate) fn pages_total(&self) -> usize {
+        self.alloc.num_pages()
+    }
+
+    /// Free pages.
+    pub(crate) fn pages_free(&self) -> usize {
+        self.alloc.free_pages()
+    }
+
+    /// Pages the tree holds.
+    pub(crate) fn pages_cached(&self) -> usize {
+        self.tree.cached_pages()
+    }
+
+    /// Pages evicted to make room since start-up (a flush is not counted).
+    pub(crate) fn evicted_pages(&self) -> u64 {
+        self.evicted_pages
+    }
+
+    /// Whether this request reads and extends the cache.
+    pub(crate) fn serves(&self, use_cache: bool) -> bool {
+        self.enabled && use_cache
+    }
+
+    /// How much of `tokens` the cache holds for a request with `use_cache`.
+    pub(crate) fn cached_len(&mut self, tokens: &[u32], use_cache: bool) -> usize {
+        if self.serves(use_cache) { self.tree.match_prefix(tokens).tokens } else { 0 }
+    }
+
+    /// Matches the prompt's cached prefix (all but its last token, whose logits are needed),
+    /// locks it, and allocates pages for the rest of the prompt. On `false` nothing changed.
+    pub(crate) fn place(&mut self, seq: &mut Sequence) -> bool {
+        let (node, cached, mut pages) = if self.serves(seq.request.use_cache) {
+            let m = self.tree.match_prefix(&seq.tokens[..seq.prompt_len - 1]);
+            (Some(m.node), m.tokens, m.pages)
+        } else {
+            (None, 0, Vec::new())
+        };
+        if let Some(node) = node {
+            self.tree.lock(node);
+        }
+        let needed = seq.prompt_len.div_ceil(self.page_size) - pages.len();
+        match self.allocate(needed) {
+            Some(own) => pages.extend(own),
+            None => {
+                if let Some(node) = node {
+                    self.tree.unlock(node);
+                }
+                return false;
+            }
+        }
+        seq.node = node;
+        seq.cached_tokens = cached;
+        seq.computed = cached;
+        seq.pages = pages;
+        true
+    }
+
+    /// Gives a decoding sequence a page for its next token when it crosses a page boundary;
+    /// `false` when the pool is full even after eviction.
+    pub(crate) fn grow(&mut self, seq: &mut Sequence) -> bool {
+        let need = seq.tokens.len().div_ceil(self.page_size);
+        if seq.pages.len() >= need {
+            return true;
+        }
+        match self.allocate(need - seq.pages.len()) {
+            Some(pages) => {
+                seq.pages.extend(pages);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Puts a sequence's just-prefilled prompt (its first `computed` tokens) into the tree while
+    /// it keeps running, so that requests sharing the prompt (subagents, parallel sessions)
+    /// reuse it instead of computing it again. Its page table switches to the tree's pages
+    /// wherever the tree already held the same tokens, and its lock moves to the end of the
+    /// prompt.
+    pub(crate) fn share_prompt(&mut self, seq: &mut Sequence, computed: usize) {
+        if !self.serves(seq.request.use_cache) {
+            return;
+        }
+        let inserted = self.tree.insert(&seq.tokens[..computed], &seq.pages);
+        if !inserted.duplicate_pages.is_empty() {
+            let tree_pages = self.tree.match_prefix(&seq.tokens[..inserted.present_tokens]).pages;
+            seq.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
+            self.alloc.release(inserted.duplicate_pages);
+        }
+        self.tree.lock(inserted.node);
+        if let Some(old) = seq.node.replace(inserted.node) {
+            self.tree.unlock(old);
+        }
+    }
+
+    /// Inserts what an ending sequence computed into the tree (prompt and output, so the next
+    /// turn of a conversation hits), frees the pages the tree does not take, and unlocks its
+    /// prefix.
+    pub(crate) fn release(&mut self, seq: &Sequence) {
+        let kept = if self.serves(seq.request.use_cache) {
+            let inserted = self.tree.insert(&seq.tokens[..seq.computed], &seq.pages);
+            self.alloc.release(inserted.duplicate_pages);
+            seq.computed / self.page_size
+        } else {
+            // Without the cache, only a matched prefix (none) belongs to the tree.
+            0
+        };
+        self.alloc.release(seq.pages[kept..].iter().copied());
+        if let Some(node) = seq.node {
+            self.tree.unlock(node);
+        }
+    }
+
+    /// Drops every unlocked cached prefix (all of them when nothing runs).
+    pub(crate) fn flush(&mut self) {
+        let freed = self.tree.evict(usize::MAX);
+        self.alloc.release(freed);
+    }
+
+    /// Takes `n` free pages, evicting unlocked cache, least recently used first, if needed.
+    /// When even evicting everything unlocked would not make room, nothing is evicted: the
+    /// cache is not thrown away for a request that has to wait anyway.
+    fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+        let free = self.alloc.free_pages();
+        if free < n {
+            if free + self.tree.evictable_pages() < n {
+                return None;
+            }
+            let freed = self.tree.evict(n - free);
+            self.evicted_pages += freed.len() as u64;
+            self.alloc.release(freed);
+        }
+        self.alloc.allocate(n)
+    }
+
+    /// Every page is free, in the tree, or private to exactly one of the `running` sequences;
+    /// locks are zero when nothing runs; the tree itself is sound.
+    pub(crate) fn check_invariants(&self, running: &[Sequence]) -> Result<(), String> {
+        self.tree.check_invariants()?;
+        let mut owner = vec![0u8; self.alloc.num_pages()];
+        let mut mark = |page: u32, what: &str| -> Result<(), String> {
+            let slot = owner.get_mut(page as usize).ok_or(format!("page {page} outside the pool"))?;
+            *slot += 1;
+            if *slot > 1 { Err(format!("page {page} counted twice (last as {what})")) } else { Ok(()) }
+        };
+        for &page in self.alloc.free_list() {
+            mark(page, "free")?;
+        }
+        let tree_pages = self.tree.pages();
+        for &page in &tree_pages {
+            mark(page, "cached")?;
+        }
+        let tree_set: HashSet<u32> = tree_pages.into_iter().collect();
+        for seq in running {
+            for &page in seq.pages.iter().filter(|p| !tree_set.contains(p)) {
+                mark(page, "private")?;
+            }
+        }
+        if let Some(page) = owner.iter().position(|&n| n == 0) {
+            return Err(format!("page {page} is neither free, cached nor used"));
+        }
+        if running.is_empty() && self.tree.any_locked() {
+            return Err("a node is locked while nothing runs".into());
+        }
+        Ok(())
+    }
+}

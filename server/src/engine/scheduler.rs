@@ -1,0 +1,172 @@
+//! Who runs and what one forward pass computes: admission of waiting requests (aging, longest
+//! cached prefix first, waiting for a running prefill that shares the prompt), the batch of
+//! decode tokens and prefill chunks, and the pages decoding sequences grow into.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Duration;
+
+use radix_models::ForwardBatch;
+
+use super::prefix_cache::PrefixCache;
+use super::sequence::Sequence;
+
+/// A waiting request older than this is admitted before better-cached newer ones.
+const AGING: Duration = Duration::from_secs(2);
+
+/// One sequence's part of a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Member {
+    /// Index into the running sequences.
+    pub(crate) index: usize,
+    /// Tokens with K/V once the pass is done.
+    pub(crate) end: usize,
+    /// The pass yields a logits row for it (its last token is computed), in member order.
+    pub(crate) wants_logits: bool,
+}
+
+/// The waiting queue and the running set.
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    /// Most sequences running at once.
+    max_running: usize,
+    /// Most tokens in one forward pass.
+    batch_tokens: usize,
+}
+
+impl Scheduler {
+    /// An empty scheduler with these limits.
+    pub(crate) fn new(max_running: usize, batch_tokens: usize) -> Self {
+        Scheduler { waiting: VecDeque::new(), running: Vec::new(), max_running, batch_tokens: batch_tokens.max(1) }
+    }
+
+    /// Queues a request.
+    pub(crate) fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Nothing waits and nothing runs.
+    pub(crate) fn idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Requests waiting for admission.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The running sequences, in admission order (indices of [`Member`] point here).
+    pub(crate) fn running(&self) -> &[Sequence] {
+        &self.running
+    }
+
+    /// The running sequences, to update after a forward pass.
+    pub(crate) fn running_mut(&mut self) -> &mut [Sequence] {
+        &mut self.running
+    }
+
+    /// Takes out every running sequence.
+    pub(crate) fn take_running(&mut self) -> Vec<Sequence> {
+        std::mem::take(&mut self.running)
+    }
+
+    /// Takes out the running sequences at the given indices (any order, no repeats), each with
+    /// what came with its index.
+    pub(crate) fn remove<T>(&mut self, mut picked: Vec<(usize, T)>) -> Vec<(Sequence, T)> {
+        // From the back, so that the indices still to come stay valid.
+        picked.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        picked.into_iter().map(|(i, with)| (self.running.swap_remove(i), with)).collect()
+    }
+
+    fn remove_where(&mut self, mut pick: impl FnMut(&mut Sequence) -> bool) -> Vec<Sequence> {
+        let picked = (0..self.running.len()).filter(|&i| pick(&mut self.running[i])).map(|i| (i, ())).collect();
+        self.remove(picked).into_iter().map(|(seq, ())| seq).collect()
+    }
+
+    /// Forgets waiting requests whose client left and takes out running ones.
+    pub(crate) fn take_abandoned(&mut self) -> Vec<Sequence> {
+        self.waiting.retain(|s| !s.abandoned());
+        self.remove_where(|s| s.abandoned())
+    }
+
+    /// Admits waiting requests while there is room: the one that has waited too long first,
+    /// else the one with the longest cached prefix. A request whose pages cannot be had even
+    /// after evicting unused cache stays waiting; running sequences are never disturbed.
+    /// Returns the running indices of the newly admitted.
+    pub(crate) fn admit(&mut self, cache: &mut PrefixCache) -> Range<usize> {
+        let before = self.running.len();
+        while self.running.len() < self.max_running && !self.waiting.is_empty() {
+            let Some(index) = self.candidate(cache) else { break };
+            let mut seq = self.waiting.remove(index).expect("index in range");
+            if !cache.place(&mut seq) {
+                self.waiting.insert(index, seq);
+                break;
+            }
+            self.running.push(seq);
+        }
+        before..self.running.len()
+    }
+
+    /// The waiting request to admit next, if any may be.
+    fn candidate(&self, cache: &mut PrefixCache) -> Option<usize> {
+        let mut candidate = None;
+        let mut best_cached = 0;
+        for (i, seq) in self.waiting.iter().enumerate() {
+            let use_cache = seq.request.use_cache;
+            let head = &seq.tokens[..seq.prompt_len - 1];
+            let cached = cache.cached_len(head, use_cache);
+            if cache.serves(use_cache) && self.shares_a_running_prefill(head, cached, cache.page_size()) {
+                continue;
+            }
+            if i == 0 && seq.arrived.elapsed() > AGING {
+                return Some(0);
+            }
+            if candidate.is_none() || cached > best_cached {
+                candidate = Some(i);
+                best_cached = cached;
+            }
+        }
+        candidate
+    }
+
+    /// Whether a running prefill will soon put more of this prompt into the cache than it holds
+    /// now: admitting it then would compute the shared part twice.
+    fn shares_a_running_prefill(&self, prompt: &[u32], cached: usize, page_size: usize) -> bool {
+        self.running.iter().any(|r| {
+            r.computed < r.prompt_len
+                && r.request.use_cache
+                && r.tokens[..r.prompt_len].iter().zip(prompt).take_while(|(a, b)| a == b).count() >= cached + page_size
+        })
+    }
+
+    /// Gives each decoding sequence a page for its next token when it crosses a page boundary;
+    /// takes out those the full pool cannot serve.
+    pub(crate) fn grow_decode_pages(&mut self, cache: &mut PrefixCache) -> Vec<Sequence> {
+        self.remove_where(|s| !cache.grow(s))
+    }
+
+    /// Decode tokens first (one per sequence), then prefill chunks within the token budget.
+    pub(crate) fn build_batch(&self) -> (ForwardBatch, Vec<Member>) {
+        let mut batch = ForwardBatch::default();
+        let mut members = Vec::new();
+        let mut budget = self.batch_tokens;
+        let decoding = |s: &Sequence| s.tokens.len() - s.computed == 1;
+        let order = (0..self.running.len())
+            .filter(|&i| decoding(&self.running[i]))
+            .chain((0..self.running.len()).filter(|&i| !decoding(&self.running[i])));
+        for index in order {
+            if budget == 0 {
+                break;
+            }
+            let seq = &self.running[index];
+            let end = seq.tokens.len().min(seq.computed + budget);
+            let wants_logits = end == seq.tokens.len();
+            batch.push(&seq.tokens[seq.computed..end], end, seq.pages.clone(), wants_logits);
+            budget -= end - seq.computed;
+            members.push(Member { index, end, wants_logits });
+        }
+        (batch, members)
+    }
+}
