@@ -17,7 +17,7 @@ use serde_json::{Value as Json, json};
 
 use super::anthropic_convert::to_chat_body;
 use super::chat::{PreparedChat, prepare};
-use super::driver::{LogprobCursor, WireEvent, WireFormat, respond};
+use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::output::{Ending, Generation, Piece};
 use super::reply::unique_suffix;
 use super::{ApiError, ApiState};
@@ -174,17 +174,12 @@ struct AnthropicWire {
 }
 
 impl WireFormat for AnthropicWire {
-    fn on_piece(
-        &mut self,
-        piece: &Piece,
-        generation: &Generation,
-        _logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let mut out = Vec::new();
         // message_start waits for the first piece, so its usage knows the cached prefix.
         if !self.started {
             self.started = true;
-            let mut usage = usage(generation);
+            let mut usage = usage(at.generation);
             usage["output_tokens"] = json!(0);
             let start = json!({"type": "message_start", "message": {
                 "id": message_id(), "type": "message", "role": "assistant", "model": self.model,
@@ -198,13 +193,8 @@ impl WireFormat for AnthropicWire {
         Ok(out)
     }
 
-    fn finish(
-        &mut self,
-        generation: &Generation,
-        ending: &Ending,
-        _timings: &Timings,
-        _logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn finish(&mut self, (ending, _): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
         let mut out: Vec<WireEvent> =
             self.blocks.close().into_iter().map(|(name, data)| WireEvent::Named(name, data)).collect();
         let (stop_reason, stop_sequence) = stop_reason(ending, generation.pipeline.tool_calls);
@@ -219,13 +209,7 @@ impl WireFormat for AnthropicWire {
         WireEvent::Named("error", error.anthropic_body())
     }
 
-    fn complete(
-        self,
-        generation: &Generation,
-        events: Vec<ParseEvent>,
-        ending: Ending,
-        _timings: Timings,
-    ) -> Result<Response, ApiError> {
+    fn complete(self, Done { generation, events, ending, .. }: Done) -> Result<Response, ApiError> {
         let (stop_reason, stop_sequence) = stop_reason(&ending, generation.pipeline.tool_calls);
         let message = ParsedMessage::from_events(events);
         let mut content = Vec::new();

@@ -10,11 +10,13 @@ use radix_templates::ChatRequest;
 use radix_templates::parse::{ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
 
-use super::driver::{GenerationSpec, LogprobCursor, WireEvent, WireFormat, respond};
+use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::{TokenText, chat_logprobs};
-use super::output::{Ending, Generation, Piece};
+use super::output::{Ending, Piece};
 use super::reply::{created, timings_json, unique_suffix, usage};
-use super::request::{ChatCompletionRequest, SamplingFields, check_context, parse_body, top_logprobs, typed};
+use super::request::{
+    ChatCompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, top_logprobs, typed,
+};
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Timings};
 
@@ -44,6 +46,7 @@ pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, Api
     super::limits::check_roles(&chat.messages)?;
     let fields: ChatCompletionRequest = typed(body)?;
     let sampling_fields: SamplingFields = typed(body)?;
+    let output: GenerationFields = typed(body)?;
     if fields.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only 'n': 1 is supported"));
     }
@@ -77,11 +80,11 @@ pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, Api
         sampling,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
-        use_cache: fields.cache_prompt.unwrap_or(true),
+        use_cache: output.use_cache(),
         constraint: super::constrain::chat_constraint(body, state.format.output, &state.tokenizer)?,
     };
-    let spec = GenerationSpec { request, stops: fields.stop.0.clone(), parser, cache: Some(cache) };
-    Ok(PreparedChat { spec, stream: fields.stream.unwrap_or(false), include_usage: fields.include_usage() })
+    let spec = GenerationSpec { request, stops: output.stop.0.clone(), parser, cache: Some(cache) };
+    Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })
 }
 
 /// `logprobs` (bool) and `top_logprobs` (0 to 20 alternatives, only with `logprobs`).
@@ -136,14 +139,9 @@ impl ChatWire {
     }
 
     /// Log-probabilities go with the next chunk sent after their token.
-    fn with_logprobs(
-        &mut self,
-        mut chunk: Json,
-        generation: &Generation,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Json, ApiError> {
+    fn with_logprobs(&mut self, mut chunk: Json, at: &mut Progress) -> Result<Json, ApiError> {
         if self.wants_logprobs {
-            let unsent = logprobs.take(generation);
+            let unsent = at.unsent_logprobs();
             if !unsent.is_empty() {
                 chunk["choices"][0]["logprobs"] = chat_logprobs(&mut self.token_text, unsent)?;
             }
@@ -157,29 +155,19 @@ impl WireFormat for ChatWire {
         vec![WireEvent::Data(self.chunk(json!({"role": "assistant", "content": ""}), None))]
     }
 
-    fn on_piece(
-        &mut self,
-        piece: &Piece,
-        generation: &Generation,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let mut out = Vec::with_capacity(piece.events.len());
         for event in &piece.events {
             let chunk = self.chunk(delta(event), None);
-            out.push(WireEvent::Data(self.with_logprobs(chunk, generation, logprobs)?));
+            out.push(WireEvent::Data(self.with_logprobs(chunk, at)?));
         }
         Ok(out)
     }
 
-    fn finish(
-        &mut self,
-        generation: &Generation,
-        ending: &Ending,
-        timings: &Timings,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
         let last = self.chunk(json!({}), Some(ending.finish_reason(generation.pipeline.tool_calls)));
-        let mut last = self.with_logprobs(last, generation, logprobs)?;
+        let mut last = self.with_logprobs(last, at)?;
         last["timings"] = timings_json(timings);
         super::cache_report::attach(&mut last, generation.cache.as_ref());
         let mut out = vec![WireEvent::Data(last)];
@@ -193,13 +181,7 @@ impl WireFormat for ChatWire {
         Ok(out)
     }
 
-    fn complete(
-        mut self,
-        generation: &Generation,
-        events: Vec<ParseEvent>,
-        ending: Ending,
-        timings: Timings,
-    ) -> Result<Response, ApiError> {
+    fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let message = ParsedMessage::from_events(events);
         let mut reply = json!({"role": "assistant", "content": message.content});
         if let Some(reasoning) = &message.reasoning_content {

@@ -8,15 +8,14 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use radix_templates::parse::ParseEvent;
 use serde_json::{Value as Json, json};
 
-use super::driver::{GenerationSpec, LogprobCursor, WireEvent, WireFormat, respond};
+use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::TokenText;
 use super::output::{Ending, Generation, Piece};
 use super::reply::{created, plain_parser, text_of, timings_json, unique_suffix, usage};
 use super::request::{
-    CompletionRequest, SamplingFields, Stops, check_context, parse_body, prompt_tokens, top_logprobs, typed,
+    CompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, prompt_tokens, top_logprobs, typed,
 };
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Timings};
@@ -37,8 +36,7 @@ pub(super) fn text_spec(
     prompt: Option<&Json>,
     sampling: SamplingParams,
     max_tokens: i64,
-    stops: &Stops,
-    use_cache: bool,
+    output: &GenerationFields,
 ) -> Result<GenerationSpec, ApiError> {
     let prompt = prompt_tokens(&state.tokenizer, prompt)?;
     let context = state.context_length;
@@ -52,10 +50,10 @@ pub(super) fn text_spec(
         sampling,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
-        use_cache,
+        use_cache: output.use_cache(),
         constraint: None,
     };
-    Ok(GenerationSpec { request, stops: stops.0.clone(), parser: plain_parser(), cache: None })
+    Ok(GenerationSpec { request, stops: output.stop.0.clone(), parser: plain_parser(), cache: None })
 }
 
 /// Refuses what we do not implement, rather than silently answering something else.
@@ -79,6 +77,7 @@ async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Respons
     let prepared = parse_body(&body).and_then(|body| {
         let fields: CompletionRequest = typed(&body)?;
         let sampling_fields: SamplingFields = typed(&body)?;
+        let output: GenerationFields = typed(&body)?;
         refuse_unsupported(&fields)?;
         let max_tokens = match fields.max_tokens {
             Some(n) if n < 0 => return Err(ApiError::bad_request("'max_tokens' must not be negative")),
@@ -88,11 +87,10 @@ async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Respons
         let defaults =
             SamplingParams { logprobs: top_logprobs(fields.logprobs, "logprobs")?, ..SamplingParams::default() };
         let sampling = sampling_fields.over(&defaults)?;
-        let use_cache = fields.cache_prompt.unwrap_or(true);
-        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, max_tokens, &fields.stop, use_cache)?;
-        Ok((spec, fields, max_tokens == 0))
+        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, max_tokens, &output)?;
+        Ok((spec, output, max_tokens == 0))
     });
-    let (spec, fields, silent) = match prepared {
+    let (spec, output, silent) = match prepared {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -100,13 +98,13 @@ async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Respons
         id: format!("cmpl-{}", unique_suffix()),
         created: created(),
         model: state.model_name.clone(),
-        include_usage: fields.include_usage(),
+        include_usage: output.include_usage(),
         silent,
         wants_logprobs: spec.request.sampling.logprobs.is_some(),
         token_text: TokenText::new(Arc::clone(&state.tokenizer)),
         offset: 0,
     };
-    respond(&state, spec, wire, fields.stream.unwrap_or(false)).await
+    respond(&state, spec, wire, output.stream()).await
 }
 
 /// OpenAI text completions' wire format.
@@ -140,18 +138,13 @@ fn choice(text: &str, finish: Option<&str>, logprobs: Json) -> Json {
 }
 
 impl WireFormat for CompletionsWire {
-    fn on_piece(
-        &mut self,
-        piece: &Piece,
-        generation: &Generation,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let text = text_of(&piece.events);
         if text.is_empty() || self.silent {
             return Ok(Vec::new());
         }
         // The tokens since the last chunk, which this text completes.
-        let unsent = logprobs.take(generation);
+        let unsent = at.unsent_logprobs();
         let logprobs = match self.wants_logprobs {
             true => self.token_text.completion_logprobs(unsent, self.offset),
             false => Json::Null,
@@ -160,32 +153,20 @@ impl WireFormat for CompletionsWire {
         Ok(vec![WireEvent::Data(self.chunk(choice(&text, None, logprobs)))])
     }
 
-    fn finish(
-        &mut self,
-        generation: &Generation,
-        ending: &Ending,
-        timings: &Timings,
-        _logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let mut last = self.chunk(choice("", Some(ending.finish_reason(false)), Json::Null));
         last["timings"] = timings_json(timings);
         let mut out = vec![WireEvent::Data(last)];
         if self.include_usage {
             let mut usage_chunk = self.chunk(json!([]));
-            usage_chunk["usage"] = self.usage(generation);
+            usage_chunk["usage"] = self.usage(at.generation);
             out.push(WireEvent::Data(usage_chunk));
         }
         out.push(WireEvent::Done);
         Ok(out)
     }
 
-    fn complete(
-        self,
-        generation: &Generation,
-        events: Vec<ParseEvent>,
-        ending: Ending,
-        timings: Timings,
-    ) -> Result<Response, ApiError> {
+    fn complete(self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let text = if self.silent { String::new() } else { text_of(&events) };
         let logprobs = match self.wants_logprobs && !self.silent {
             true => self.token_text.completion_logprobs(&generation.logprobs, 0),

@@ -62,20 +62,34 @@ impl WireEvent {
     }
 }
 
-/// The log-probabilities a stream has not sent yet: each API sends a token's with the next
-/// chunk after it, and a token whose text is held back has no chunk of its own.
-#[derive(Default)]
-pub(crate) struct LogprobCursor {
-    sent: usize,
+/// Where a stream stands when its wire format shapes the next events: the generation so far,
+/// and how many of its log-probabilities were sent (each API sends a token's with the next chunk
+/// after it, and a token whose text is held back has no chunk of its own).
+pub(crate) struct Progress<'a> {
+    /// The generation so far.
+    pub(crate) generation: &'a Generation,
+    sent_logprobs: &'a mut usize,
 }
 
-impl LogprobCursor {
+impl<'a> Progress<'a> {
     /// The log-probabilities received since the last call, now counted as sent.
-    pub(crate) fn take<'a>(&mut self, generation: &'a Generation) -> &'a [TokenLogprobs] {
-        let unsent = generation.logprobs.get(self.sent..).unwrap_or_default();
-        self.sent = generation.logprobs.len();
+    pub(crate) fn unsent_logprobs(&mut self) -> &'a [TokenLogprobs] {
+        let unsent = self.generation.logprobs.get(*self.sent_logprobs..).unwrap_or_default();
+        *self.sent_logprobs = self.generation.logprobs.len();
         unsent
     }
+}
+
+/// A generation that ran to its end without streaming.
+pub(crate) struct Done<'a> {
+    /// The generation (usage, reasoning and tool-call state, log-probabilities).
+    pub(crate) generation: &'a Generation,
+    /// Every parse event of the reply.
+    pub(crate) events: Vec<ParseEvent>,
+    /// How it ended.
+    pub(crate) ending: Ending,
+    /// What it cost.
+    pub(crate) timings: Timings,
 }
 
 /// How one API writes a reply: its stream events and its whole-body response.
@@ -86,35 +100,18 @@ pub(crate) trait WireFormat: Send + 'static {
     }
 
     /// The events of one piece of the reply.
-    fn on_piece(
-        &mut self,
-        piece: &Piece,
-        generation: &Generation,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError>;
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError>;
 
     /// The events that close the stream once generation ended this way.
-    fn finish(
-        &mut self,
-        generation: &Generation,
-        ending: &Ending,
-        timings: &Timings,
-        logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError>;
+    fn finish(&mut self, end: &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError>;
 
     /// The last event of a stream that failed.
     fn error_event(&self, error: &ApiError) -> WireEvent {
         WireEvent::Data(error.body())
     }
 
-    /// The whole response of a generation that was not streamed, from all its parse events.
-    fn complete(
-        self,
-        generation: &Generation,
-        events: Vec<ParseEvent>,
-        ending: Ending,
-        timings: Timings,
-    ) -> Result<Response, ApiError>;
+    /// The whole response of a generation that was not streamed.
+    fn complete(self, done: Done) -> Result<Response, ApiError>;
 }
 
 /// Runs `spec` and answers in `wire`'s format, streamed or as one body.
@@ -125,7 +122,7 @@ pub(crate) async fn respond<W: WireFormat>(state: &ApiState, spec: GenerationSpe
 
 async fn complete<W: WireFormat>(mut generation: Generation, wire: W) -> Response {
     let result = match generation.run().await {
-        Ok((events, ending, timings)) => wire.complete(&generation, events, ending, timings),
+        Ok((events, ending, timings)) => wire.complete(Done { generation: &generation, events, ending, timings }),
         Err(e) => Err(e),
     };
     result.unwrap_or_else(IntoResponse::into_response)
@@ -153,12 +150,17 @@ async fn send(tx: &Sender<Event>, events: Vec<WireEvent>) -> Result<(), Stop> {
 }
 
 async fn drive<W: WireFormat>(generation: &mut Generation, wire: &mut W, tx: &Sender<Event>) -> Result<(), Stop> {
-    let mut logprobs = LogprobCursor::default();
+    let mut sent_logprobs = 0;
     send(tx, wire.start_events()).await?;
     while let Some(piece) = generation.next().await? {
-        send(tx, wire.on_piece(&piece, generation, &mut logprobs)?).await?;
-        if let Some((ending, timings)) = &piece.end {
-            return send(tx, wire.finish(generation, ending, timings, &mut logprobs)?).await;
+        let mut at = Progress { generation, sent_logprobs: &mut sent_logprobs };
+        let mut events = wire.on_piece(&piece, &mut at)?;
+        if let Some(end) = &piece.end {
+            events.extend(wire.finish(end, &mut at)?);
+        }
+        send(tx, events).await?;
+        if piece.end.is_some() {
+            break;
         }
     }
     Ok(())

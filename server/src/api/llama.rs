@@ -9,16 +9,15 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use radix_templates::parse::ParseEvent;
 use serde_json::{Value as Json, json};
 
 use super::completions::text_spec;
-use super::driver::{LogprobCursor, WireEvent, WireFormat, respond};
+use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::llama_meta;
 use super::logprobs::{TokenText, llama_probabilities};
 use super::output::{Ending, Generation, Piece};
 use super::reply::{text_of, timings_json};
-use super::request::{LlamaCompletionRequest, SamplingFields, parse_body, top_logprobs, typed};
+use super::request::{GenerationFields, LlamaCompletionRequest, SamplingFields, parse_body, top_logprobs, typed};
 use super::{ApiError, ApiState};
 use crate::engine::{SamplingParams, Timings};
 
@@ -112,15 +111,15 @@ async fn completion(State(state): State<Arc<ApiState>>, body: Bytes) -> Response
     let prepared = parse_body(&body).and_then(|body| {
         let fields: LlamaCompletionRequest = typed(&body)?;
         let sampling_fields: SamplingFields = typed(&body)?;
+        let output: GenerationFields = typed(&body)?;
         let n_predict = fields.n_predict.or(fields.max_tokens).unwrap_or(-1);
         let logprobs = top_logprobs(fields.n_probs, "n_probs")?.filter(|&n| n > 0);
         let sampling = sampling_fields.over(&SamplingParams { logprobs, ..llama_defaults() })?;
-        let use_cache = fields.cache_prompt.unwrap_or(true);
-        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, n_predict, &fields.stop, use_cache)?;
-        let stream = fields.stream.unwrap_or(false);
+        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, n_predict, &output)?;
+        let stream = output.stream();
         let wire = LlamaWire {
             state: Arc::clone(&state),
-            generation_settings: generation_settings(&state, &spec.request.sampling, n_predict, &fields.stop.0, stream),
+            generation_settings: generation_settings(&state, &spec.request.sampling, n_predict, &output.stop.0, stream),
             prompt_text: state.tokenizer.decode(&spec.request.prompt, false).unwrap_or_default(),
             return_tokens: fields.return_tokens.unwrap_or(false),
             silent: n_predict == 0,
@@ -177,12 +176,8 @@ impl LlamaWire {
 /// possible stop string is incomplete), then a last chunk with `stop: true` and the final
 /// fields. llama-server ends `/completion` streams there, without `[DONE]`.
 impl WireFormat for LlamaWire {
-    fn on_piece(
-        &mut self,
-        piece: &Piece,
-        generation: &Generation,
-        _logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
         let content = text_of(&piece.events);
         if self.silent || (piece.token.is_none() && content.is_empty()) {
             return Ok(Vec::new());
@@ -203,23 +198,11 @@ impl WireFormat for LlamaWire {
         Ok(vec![WireEvent::Data(chunk)])
     }
 
-    fn finish(
-        &mut self,
-        generation: &Generation,
-        ending: &Ending,
-        timings: &Timings,
-        _logprobs: &mut LogprobCursor,
-    ) -> Result<Vec<WireEvent>, ApiError> {
-        Ok(vec![WireEvent::Data(self.final_json(generation, "", &[], ending, timings))])
+    fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        Ok(vec![WireEvent::Data(self.final_json(at.generation, "", &[], ending, timings))])
     }
 
-    fn complete(
-        mut self,
-        generation: &Generation,
-        events: Vec<ParseEvent>,
-        ending: Ending,
-        timings: Timings,
-    ) -> Result<Response, ApiError> {
+    fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let content = if self.silent { String::new() } else { text_of(&events) };
         let tokens = if self.return_tokens && !self.silent { generation.tokens.clone() } else { Vec::new() };
         let mut body = self.final_json(generation, &content, &tokens, &ending, &timings);

@@ -3,10 +3,8 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use super::Stops;
-
-/// The fields of `POST /completion` read here; the sampling fields are read by
-/// [`super::SamplingFields`].
+/// The fields of `POST /completion` read here; the sampling and output fields are read by
+/// [`super::SamplingFields`] and [`super::GenerationFields`].
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct LlamaCompletionRequest {
     /// The prompt: text, token ids, or llama.cpp's mixed array.
@@ -17,15 +15,8 @@ pub(crate) struct LlamaCompletionRequest {
     pub(crate) max_tokens: Option<i64>,
     /// Alternatives per token whose probabilities are returned.
     pub(crate) n_probs: Option<i64>,
-    /// Stop strings.
-    #[serde(default)]
-    pub(crate) stop: Stops,
-    /// Stream server-sent events.
-    pub(crate) stream: Option<bool>,
     /// Return the generated token ids.
     pub(crate) return_tokens: Option<bool>,
-    /// Reuse cached prefixes (default true).
-    pub(crate) cache_prompt: Option<bool>,
 }
 
 /// `POST /tokenize`.

@@ -59,12 +59,43 @@ impl<'de> Deserialize<'de> for Stops {
     }
 }
 
+/// What every generation body says about its output, under the same names in each API: stop
+/// strings, streaming, and whether cached prefixes are reused.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct GenerationFields {
+    /// Stop strings.
+    #[serde(default)]
+    pub(crate) stop: Stops,
+    /// Stream server-sent events.
+    stream: Option<bool>,
+    /// OpenAI's streaming options.
+    stream_options: Option<StreamOptions>,
+    /// Reuse cached prefixes (llama.cpp's name; default true).
+    cache_prompt: Option<bool>,
+}
+
+impl GenerationFields {
+    /// Stream the reply.
+    pub(crate) fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Send a usage chunk at the end of an OpenAI stream (`stream_options.include_usage`).
+    pub(crate) fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// Reuse cached prefixes.
+    pub(crate) fn use_cache(&self) -> bool {
+        self.cache_prompt.unwrap_or(true)
+    }
+}
+
 /// OpenAI's `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub(crate) struct StreamOptions {
+struct StreamOptions {
     /// Send a last chunk with the usage.
-    #[serde(default)]
-    pub(crate) include_usage: Option<bool>,
+    include_usage: Option<bool>,
 }
 
 /// Most alternatives per token a request may ask log-probabilities for (OpenAI's limit).

@@ -3,11 +3,10 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use super::{Stops, StreamOptions};
-
 /// The fields of `POST /v1/chat/completions` read here; the messages, tools and template
 /// options are read by `radix_templates::ChatRequest`, the constraint fields by
-/// api/constrain.rs, the sampling fields by [`super::SamplingFields`].
+/// api/constrain.rs, the sampling and output fields by [`super::SamplingFields`] and
+/// [`super::GenerationFields`].
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct ChatCompletionRequest {
     /// Choices per request; only 1.
@@ -20,23 +19,15 @@ pub(crate) struct ChatCompletionRequest {
     pub(crate) logprobs: Option<bool>,
     /// Alternatives per token (with `logprobs`).
     pub(crate) top_logprobs: Option<i64>,
-    /// Stop strings.
-    #[serde(default)]
-    pub(crate) stop: Stops,
-    /// Stream server-sent events.
-    pub(crate) stream: Option<bool>,
-    /// Streaming options.
-    pub(crate) stream_options: Option<StreamOptions>,
     /// `"none"` turns tool-call parsing off.
     pub(crate) tool_choice: Option<Json>,
     /// Return the cache report in the body.
     pub(crate) cache_report: Option<bool>,
-    /// Reuse cached prefixes (llama.cpp's name; default true).
-    pub(crate) cache_prompt: Option<bool>,
 }
 
 /// The fields of `POST /v1/completions` read here; the prompt is read by
-/// [`super::prompt_tokens`], the sampling fields by [`super::SamplingFields`].
+/// [`super::prompt_tokens`], the sampling and output fields by [`super::SamplingFields`] and
+/// [`super::GenerationFields`].
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct CompletionRequest {
     /// The prompt in any of its forms.
@@ -53,27 +44,4 @@ pub(crate) struct CompletionRequest {
     pub(crate) max_tokens: Option<i64>,
     /// Alternatives per token whose log-probabilities are returned.
     pub(crate) logprobs: Option<i64>,
-    /// Stop strings.
-    #[serde(default)]
-    pub(crate) stop: Stops,
-    /// Stream server-sent events.
-    pub(crate) stream: Option<bool>,
-    /// Streaming options.
-    pub(crate) stream_options: Option<StreamOptions>,
-    /// Reuse cached prefixes (default true).
-    pub(crate) cache_prompt: Option<bool>,
-}
-
-impl ChatCompletionRequest {
-    /// `stream_options.include_usage`.
-    pub(crate) fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
-    }
-}
-
-impl CompletionRequest {
-    /// `stream_options.include_usage`.
-    pub(crate) fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
-    }
 }
