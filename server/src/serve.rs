@@ -9,9 +9,8 @@ use radix_models::tokenizer::Tokenizer;
 use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
 use radix_serve::api::{ApiError, ApiKeys, ApiState, HttpMetrics, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
-use radix_templates::parse::OutputFormat;
 use radix_templates::prepare::PreparedTemplate;
-use radix_templates::{ChatTemplate, TemplateSource};
+use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
 /// Options of the server; names follow llama-server's where they mean the same.
 #[derive(Debug, clap::Args)]
@@ -163,17 +162,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => source,
     };
-    let template_text = source.templates.values().cloned().collect::<Vec<_>>().join("\n");
+    let format = ModelFormat::from_source(&source);
     let template = PreparedTemplate::new(ChatTemplate::new(source)?);
-    let output_format = if template_text.contains("<tool_call>") {
-        OutputFormat::Hermes
-    } else if template_text.contains("<|python_tag|>") {
-        OutputFormat::Llama3Json
-    } else {
-        OutputFormat::Plain
-    };
     let mut stop_tokens: Vec<u32> = tokenizer.eos_token_ids().iter().copied().collect();
-    for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|endoftext|>"] {
+    for end_of_turn in format.end_of_turn() {
         if let Some(id) = tokenizer.token_to_id(end_of_turn)
             && !stop_tokens.contains(&id)
         {
@@ -207,7 +199,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         engine,
         tokenizer,
         template,
-        output_format,
+        format,
         stop_tokens,
         model_name: model_name.clone(),
         context_length,
@@ -249,7 +241,5 @@ fn loading_router() -> axum::Router {
                 (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "loading model"})))
             }),
         )
-        .fallback(|| async {
-            ApiError::unavailable("the model is loading; retry in a moment").with_code("loading_model").into_response()
-        })
+        .fallback(|| async { ApiError::Loading.into_response() })
 }

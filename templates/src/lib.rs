@@ -5,8 +5,11 @@
 //! - [`prepare`]: prepare an agent's messages so every template accepts them and a stable
 //!   system block stays a prompt prefix (so the radix cache hits).
 //! - [`parse`]: turn generated text into content, reasoning and tool calls, also while streaming.
+//! - [`format`]: a model family's output conventions (reasoning markers, tool-call framing,
+//!   end-of-turn tokens), decided once from its template.
 //! - [`request`]: the OpenAI chat-completions fields that decide what a template renders.
 
+pub mod format;
 pub mod gguf;
 pub mod parse;
 pub mod prepare;
@@ -17,6 +20,7 @@ pub mod source;
 
 use std::path::{Path, PathBuf};
 
+pub use format::ModelFormat;
 pub use render::{ChatTemplate, RenderInput};
 pub use request::ChatRequest;
 pub use source::TemplateSource;

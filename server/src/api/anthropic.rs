@@ -1,7 +1,7 @@
 //! The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 //!
 //! A Messages body is converted into an OpenAI chat body (anthropic_convert.rs) and prepared by
-//! chat.rs, so both APIs render the same prompt and share the radix cache. Only the reply's
+//! chat.rs into the same generation spec, so both APIs render the same prompt and share the radix cache. Only the reply's
 //! shape is Anthropic's: content blocks (thinking, text, tool_use), `stop_reason`, usage split
 //! into uncached `input_tokens` and `cache_read_input_tokens`, named SSE events when streaming.
 
@@ -10,96 +10,64 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use radix_templates::parse::{ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
 
 use super::anthropic_convert::to_chat_body;
-use super::chat::{Prepared, prepare, sse_response, unique_suffix};
-use super::output::{Ending, Generation};
+use super::chat::{PreparedChat, prepare};
+use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
+use super::output::{Ending, Generation, Piece};
+use super::reply::unique_suffix;
 use super::{ApiError, ApiState};
+use crate::engine::Timings;
 
-/// The routes of this module.
+/// The routes of this module that queue generation on the engine.
+pub(super) fn generation_routes() -> Router<Arc<ApiState>> {
+    Router::new().route("/v1/messages", post(messages))
+}
+
+/// The routes of this module around generation.
 pub(super) fn routes() -> Router<Arc<ApiState>> {
-    Router::new().route("/v1/messages", post(messages)).route("/v1/messages/count_tokens", post(count_tokens))
+    Router::new().route("/v1/messages/count_tokens", post(count_tokens))
 }
 
-/// An error in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`.
-fn error_body(e: &ApiError) -> Json {
-    let kind = match e.status.as_u16() {
-        400 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        405 => "invalid_request_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 => "overloaded_error",
-        _ => "api_error",
-    };
-    json!({"type": "error", "error": {"type": kind, "message": e.message}})
-}
-
-/// Rewrites an OpenAI-style error made in front of the handlers (a bad key, a body over the
-/// limits, a full queue, a wrong method) into Anthropic's shape on the Anthropic routes, whose
-/// clients parse only that.
-pub(super) async fn anthropic_error_shape(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    if !request.uri().path().starts_with("/v1/messages") {
-        return next.run(request).await;
-    }
+/// Answers every error of the Anthropic routes (the handlers', the guards', axum's) in
+/// Anthropic's shape, whose clients parse only that: the error rides on the response.
+pub(super) async fn error_shape(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let response = next.run(request).await;
-    let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return response;
+    match response.extensions().get::<ApiError>() {
+        Some(error) => error.clone().into_anthropic_response(),
+        None => response,
     }
-    let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
-    let parsed: Option<Json> = serde_json::from_slice(&bytes).ok();
-    match parsed {
-        Some(body) if body.get("type").and_then(Json::as_str) != Some("error") => {
-            let message = body.pointer("/error/message").and_then(Json::as_str).unwrap_or("error").to_owned();
-            error_response(ApiError::with_status(status, message))
-        }
-        _ => Response::from_parts(parts, axum::body::Body::from(bytes)),
-    }
-}
-
-fn error_response(e: ApiError) -> Response {
-    (e.status, axum::Json(error_body(&e))).into_response()
 }
 
 /// Parses, converts and prepares a Messages body.
-fn read(state: &ApiState, body: &[u8], generation: bool) -> Result<Prepared, ApiError> {
-    let body: Json =
+fn read(state: &ApiState, body: &[u8], generation: bool) -> Result<PreparedChat, ApiError> {
+    let body =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     let chat = to_chat_body(&body, generation).map_err(ApiError::bad_request)?;
-    let chat_bytes = serde_json::to_vec(&chat).map_err(|e| ApiError::internal(format!("re-encoding the body: {e}")))?;
-    let mut prepared = prepare(state, &chat_bytes)?;
-    prepared.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
+    let mut prepared = prepare(state, &chat)?;
+    prepared.spec.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
     Ok(prepared)
 }
 
 async fn count_tokens(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
     match read(&state, &body, false) {
-        Ok(prepared) => axum::Json(json!({"input_tokens": prepared.request.prompt.len()})).into_response(),
-        Err(e) => error_response(e),
+        Ok(prepared) => axum::Json(json!({"input_tokens": prepared.spec.request.prompt.len()})).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
 async fn messages(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
     match read(&state, &body, true) {
-        Ok(prepared) if prepared.stream => stream(state, prepared).into_response(),
-        Ok(prepared) => complete(state, prepared).await,
-        Err(e) => error_response(e),
+        Ok(prepared) => {
+            let wire = AnthropicWire { model: state.model_name.clone(), blocks: Blocks::default(), started: false };
+            respond(&state, prepared.spec, wire, prepared.stream).await
+        }
+        Err(e) => e.into_response(),
     }
-}
-
-fn start(state: &ApiState, p: Prepared) -> Generation {
-    let mut generation = Generation::start(&state.engine, p.request, p.parser);
-    generation.cache_context = p.cache;
-    generation
 }
 
 /// `stop_reason` and `stop_sequence`. Anthropic's order: a reply cut by the token limit says
@@ -130,39 +98,6 @@ fn message_id() -> String {
 /// A tool call's input object (`{}` when the model's argument text is not a JSON object).
 fn tool_input(arguments: &str) -> Json {
     serde_json::from_str::<Json>(arguments).ok().filter(Json::is_object).unwrap_or_else(|| json!({}))
-}
-
-async fn complete(state: Arc<ApiState>, p: Prepared) -> Response {
-    let mut generation = start(&state, p);
-    let (events, ending) = match generation.run().await {
-        Ok((events, ending, _)) => (events, ending),
-        Err(e) => return error_response(e),
-    };
-    let (stop_reason, stop_sequence) = stop_reason(&ending, generation.pipeline.tool_calls);
-    let usage = usage(&generation);
-    let message = ParsedMessage::from_events(events);
-    let mut content = Vec::new();
-    if let Some(thinking) = message.reasoning_content {
-        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
-    }
-    if !message.content.is_empty() {
-        content.push(json!({"type": "text", "text": message.content}));
-    }
-    for call in &message.tool_calls {
-        content
-            .push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(&call.arguments)}));
-    }
-    axum::Json(json!({
-        "id": message_id(),
-        "type": "message",
-        "role": "assistant",
-        "model": state.model_name,
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": stop_sequence,
-        "usage": usage,
-    }))
-    .into_response()
 }
 
 /// The kind of the content block being streamed.
@@ -230,56 +165,77 @@ impl Blocks {
     }
 }
 
-fn stream(state: Arc<ApiState>, p: Prepared) -> impl IntoResponse {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-    tokio::spawn(async move {
-        let send = |name: &'static str, data: Json| {
-            let tx = tx.clone();
-            async move { tx.send(Event::default().event(name).data(data.to_string())).await.is_ok() }
-        };
-        let mut generation = start(&state, p);
-        let mut blocks = Blocks::default();
-        let mut started = false;
-        loop {
-            let piece = match generation.next().await {
-                Ok(Some(piece)) => piece,
-                Ok(None) => return,
-                Err(e) => {
-                    let _ = send("error", error_body(&e)).await;
-                    return;
-                }
-            };
-            // message_start waits for the first piece, so its usage knows the cached prefix.
-            if !started {
-                started = true;
-                let mut usage = usage(&generation);
-                usage["output_tokens"] = json!(0);
-                let start = json!({"type": "message_start", "message": {
-                    "id": message_id(), "type": "message", "role": "assistant", "model": state.model_name,
-                    "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage}});
-                if !send("message_start", start).await || !send("ping", json!({"type": "ping"})).await {
-                    return;
-                }
-            }
-            let mut out: Vec<_> = piece.events.iter().flat_map(|e| blocks.push(e)).collect();
-            if let Some((ending, _)) = &piece.end {
-                out.extend(blocks.close());
-                let (stop_reason, stop_sequence) = stop_reason(ending, generation.pipeline.tool_calls);
-                let delta = json!({"type": "message_delta", "usage": usage(&generation),
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}});
-                out.extend([("message_delta", delta), ("message_stop", json!({"type": "message_stop"}))]);
-            }
-            for (name, data) in out {
-                if !send(name, data).await {
-                    return;
-                }
-            }
-            if piece.end.is_some() {
-                return;
-            }
+/// Anthropic's wire format: content blocks (thinking, text, tool_use) and named events.
+struct AnthropicWire {
+    model: String,
+    blocks: Blocks,
+    /// `message_start` was sent.
+    started: bool,
+}
+
+impl WireFormat for AnthropicWire {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let mut out = Vec::new();
+        // message_start waits for the first piece, so its usage knows the cached prefix.
+        if !self.started {
+            self.started = true;
+            let mut usage = usage(at.generation);
+            usage["output_tokens"] = json!(0);
+            let start = json!({"type": "message_start", "message": {
+                "id": message_id(), "type": "message", "role": "assistant", "model": self.model,
+                "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage}});
+            out.push(WireEvent::Named("message_start", start));
+            out.push(WireEvent::Named("ping", json!({"type": "ping"})));
         }
-    });
-    sse_response(rx)
+        out.extend(
+            piece.events.iter().flat_map(|e| self.blocks.push(e)).map(|(name, data)| WireEvent::Named(name, data)),
+        );
+        Ok(out)
+    }
+
+    fn finish(&mut self, (ending, _): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
+        let mut out: Vec<WireEvent> =
+            self.blocks.close().into_iter().map(|(name, data)| WireEvent::Named(name, data)).collect();
+        let (stop_reason, stop_sequence) = stop_reason(ending, generation.pipeline.tool_calls);
+        let delta = json!({"type": "message_delta", "usage": usage(generation),
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}});
+        out.push(WireEvent::Named("message_delta", delta));
+        out.push(WireEvent::Named("message_stop", json!({"type": "message_stop"})));
+        Ok(out)
+    }
+
+    fn error_event(&self, error: &ApiError) -> WireEvent {
+        WireEvent::Named("error", error.anthropic_body())
+    }
+
+    fn complete(self, Done { generation, events, ending, .. }: Done) -> Result<Response, ApiError> {
+        let (stop_reason, stop_sequence) = stop_reason(&ending, generation.pipeline.tool_calls);
+        let message = ParsedMessage::from_events(events);
+        let mut content = Vec::new();
+        if let Some(thinking) = message.reasoning_content {
+            content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+        }
+        if !message.content.is_empty() {
+            content.push(json!({"type": "text", "text": message.content}));
+        }
+        for call in &message.tool_calls {
+            content.push(
+                json!({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(&call.arguments)}),
+            );
+        }
+        Ok(axum::Json(json!({
+            "id": message_id(),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage(generation),
+        }))
+        .into_response())
+    }
 }
 
 #[cfg(test)]

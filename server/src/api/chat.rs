@@ -1,52 +1,53 @@
-//! `POST /v1/chat/completions`.
+//! `POST /v1/chat/completions`: the request read into a [`GenerationSpec`], and OpenAI chat's
+//! wire format (`chat.completion` bodies, `chat.completion.chunk` events).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use radix_templates::ChatRequest;
-use radix_templates::parse::{ParseEvent, ParsedMessage, ParserOptions};
+use radix_templates::parse::{ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
 
-use super::completion_params::{
-    check_context, field, flag, include_usage, number, parse_body, sampling, stops, top_logprobs,
+use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
+use super::logprobs::{TokenText, chat_logprobs};
+use super::output::{Ending, Piece};
+use super::reply::{created, timings_json, unique_suffix, usage};
+use super::request::{
+    ChatCompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, top_logprobs, typed,
 };
-use super::output::{Generation, Piece, TokenText};
 use super::{ApiError, ApiState};
-use crate::engine::{GenerateRequest, SamplingParams, Timings, TokenLogprobs};
+use crate::engine::{GenerateRequest, SamplingParams, Timings};
 
-/// Everything a chat request decided before generation starts.
-pub(super) struct Prepared {
-    pub(super) request: GenerateRequest,
-    pub(super) parser: ParserOptions,
+/// A chat request, decided: what to generate and how the client wants it back.
+pub(super) struct PreparedChat {
+    /// What to generate.
+    pub(super) spec: GenerationSpec,
+    /// Stream the reply.
     pub(super) stream: bool,
+    /// Send a usage chunk at the end of the stream.
     include_usage: bool,
-    id: String,
-    /// To explain a cache miss in terms of messages (api/cache_report.rs).
-    pub(super) cache: Option<super::cache_report::CacheContext>,
 }
 
 pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let prepared = match prepare(&state, &body) {
+    let prepared = match parse_body(&body).and_then(|body| prepare(&state, &body)) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    if prepared.stream { stream(state, prepared).into_response() } else { complete(state, prepared).await }
+    let wire = ChatWire::new(&state, &prepared);
+    respond(&state, prepared.spec, wire, prepared.stream).await
 }
 
 /// Reads an OpenAI chat body and decides everything before generation (the Anthropic API
 /// converts its body to this shape and comes through here too).
-pub(super) fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let body = parse_body(body)?;
-    let chat = ChatRequest::from_json(&body)?;
+pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, ApiError> {
+    let chat = ChatRequest::from_json(body)?;
     super::limits::check_roles(&chat.messages)?;
-    if let Some(n) = field(&body, "n")
-        && n.as_u64() != Some(1)
-    {
+    let fields: ChatCompletionRequest = typed(body)?;
+    let sampling_fields: SamplingFields = typed(body)?;
+    let output: GenerationFields = typed(body)?;
+    if fields.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only 'n': 1 is supported"));
     }
     let prompt_text = state.template.render(&chat)?;
@@ -56,86 +57,44 @@ pub(super) fn prepare(state: &ApiState, body: &[u8]) -> Result<Prepared, ApiErro
         .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
     let context = state.context_length;
     check_context(prompt.len(), context, "messages")?;
-    let max_tokens = match number(&body, "max_completion_tokens")?.or(number(&body, "max_tokens")?) {
+    let max_tokens = match fields.max_completion_tokens.or(fields.max_tokens) {
         Some(n) if n >= 1.0 => (n as usize).min(context - prompt.len()),
         Some(_) => return Err(ApiError::bad_request("'max_tokens' must be at least 1")),
         None => context - prompt.len(),
     };
-    let mut sampling = sampling(&body, &SamplingParams::default())?;
-    sampling.logprobs = logprobs_setting(&body)?;
-    let stops = stops(&body)?;
-    let stream = flag(&body, "stream", false)?;
-    let include_usage = include_usage(&body);
+    let mut sampling = sampling_fields.over(&SamplingParams::default())?;
+    sampling.logprobs = logprobs_setting(&fields)?;
     let tools_enabled = chat.tools.as_ref().is_some_and(|t| !t.is_empty())
-        && field(&body, "tool_choice").and_then(Json::as_str) != Some("none");
-    let parser = ParserOptions {
-        format: state.output_format,
-        starts_in_reasoning: prompt_text.trim_end().ends_with("<think>"),
-        tool_call_id_prefix: format!("call_{}_", unique_suffix()),
-        tools_enabled,
-    };
+        && fields.tool_choice.as_ref().and_then(Json::as_str) != Some("none");
+    let parser = state.format.parser_options(&prompt_text, format!("call_{}_", unique_suffix()), tools_enabled);
     let cache = super::cache_report::CacheContext::new(
         &state.template,
         &state.tokenizer,
         chat,
         prompt_text,
         prompt.clone(),
-        flag(&body, "cache_report", false)?,
+        fields.cache_report.unwrap_or(false),
     );
     let request = GenerateRequest {
         prompt,
         sampling,
         max_tokens,
         stop_tokens: state.stop_tokens.clone(),
-        stop_strings: stops,
-        use_cache: flag(&body, "cache_prompt", true)?,
-        constraint: super::constrain::chat_constraint(&body, state.output_format, &state.tokenizer)?,
+        stop_strings: output.stop.0.clone(),
+        use_cache: output.use_cache(),
+        constraint: super::constrain::chat_constraint(body, state.format.output, &state.tokenizer)?,
     };
-    let id = format!("chatcmpl-{}", unique_suffix());
-    Ok(Prepared { request, parser, stream, include_usage, id, cache: Some(cache) })
+    let spec = GenerationSpec { request, parser, cache: Some(cache) };
+    Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })
 }
 
-/// A suffix that makes ids unique within this process and across restarts.
-pub(super) fn unique_suffix() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
-    format!("{:x}{n:x}", t)
-}
-
-/// Seconds since the epoch, for `created`.
-pub(super) fn created() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// OpenAI's `usage` object of a finished generation.
-pub(super) fn usage(generation: &Generation) -> Json {
-    let (prompt, completion) = (generation.prompt_tokens, generation.tokens.len());
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": generation.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": generation.pipeline.reasoning_tokens}
-    })
-}
-
-/// llama.cpp's `timings` object.
-pub(super) fn timings_json(t: &Timings) -> Json {
-    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
-    let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
-    json!({
-        "cache_n": t.cache_n,
-        "prompt_n": t.prompt_n,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": per_token(t.prompt_n, t.prompt_ms),
-        "prompt_per_second": rate(t.prompt_n, t.prompt_ms),
-        "predicted_n": t.predicted_n,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
-        "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
-    })
+/// `logprobs` (bool) and `top_logprobs` (0 to 20 alternatives, only with `logprobs`).
+fn logprobs_setting(fields: &ChatCompletionRequest) -> Result<Option<usize>, ApiError> {
+    match (fields.logprobs.unwrap_or(false), top_logprobs(fields.top_logprobs, "top_logprobs")?) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, None | Some(0)) => Ok(None),
+        (false, Some(_)) => Err(ApiError::bad_request("'top_logprobs' needs 'logprobs': true")),
+    }
 }
 
 /// The delta object of one parse event.
@@ -151,166 +110,113 @@ fn delta(event: &ParseEvent) -> Json {
     }
 }
 
-fn start(state: &ApiState, p: Prepared) -> (Generation, String, bool) {
-    let mut generation = Generation::start(&state.engine, p.request, p.parser);
-    generation.cache_context = p.cache;
-    (generation, p.id, p.include_usage)
+/// OpenAI chat's wire format.
+struct ChatWire {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    wants_logprobs: bool,
+    token_text: TokenText,
 }
 
-/// `logprobs` (bool) and `top_logprobs` (0 to 20 alternatives, only with `logprobs`).
-fn logprobs_setting(body: &Json) -> Result<Option<usize>, ApiError> {
-    match (flag(body, "logprobs", false)?, top_logprobs(body, "top_logprobs")?) {
-        (true, top) => Ok(Some(top.unwrap_or(0))),
-        (false, None | Some(0)) => Ok(None),
-        (false, Some(_)) => Err(ApiError::bad_request("'top_logprobs' needs 'logprobs': true")),
-    }
-}
-
-/// The `logprobs` object of a choice for these tokens.
-fn chat_logprobs(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Json, ApiError> {
-    let content = lps.iter().map(|lp| text.logprobs_entry(lp, false)).collect::<Result<Vec<_>, _>>()?;
-    Ok(json!({"content": content}))
-}
-
-async fn complete(state: Arc<ApiState>, p: Prepared) -> Response {
-    let wants_logprobs = p.request.sampling.logprobs.is_some();
-    let (mut generation, id, _) = start(&state, p);
-    let (events, ending, timings) = match generation.run().await {
-        Ok(done) => done,
-        Err(e) => return e.into_response(),
-    };
-    let message = ParsedMessage::from_events(events);
-    let mut reply = json!({"role": "assistant", "content": message.content});
-    if let Some(reasoning) = &message.reasoning_content {
-        reply["reasoning_content"] = json!(reasoning);
-    }
-    if !message.tool_calls.is_empty() {
-        if message.content.is_empty() {
-            reply["content"] = Json::Null;
-        }
-        reply["tool_calls"] = message
-            .tool_calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
-    }
-    let finish = ending.finish_reason(generation.pipeline.tool_calls);
-    let logprobs = match wants_logprobs {
-        true => match chat_logprobs(&mut TokenText::new(Arc::clone(&state.tokenizer)), &generation.logprobs) {
-            Ok(l) => l,
-            Err(e) => return e.into_response(),
-        },
-        false => Json::Null,
-    };
-    let mut body = json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created(),
-        "model": state.model_name,
-        "choices": [{"index": 0, "message": reply, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(&generation),
-        "timings": timings_json(&timings),
-    });
-    super::cache_report::attach(&mut body, generation.cache.as_ref());
-    let mut response = axum::Json(body).into_response();
-    super::cache_report::set_header(&mut response, generation.cache.as_ref());
-    response
-}
-
-/// An SSE response fed by a channel, with keep-alive comments so that clients with a read
-/// timeout wait through a long prefill.
-pub(super) fn sse_response(rx: tokio::sync::mpsc::Receiver<Event>) -> impl IntoResponse {
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (Ok::<_, Infallible>(event), rx))
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)).text("keep-alive"))
-}
-
-/// The next piece of a streamed generation, or `None` once it is over: ended, or failed (the
-/// error then goes to the client as a `data:` event).
-pub(super) async fn next_piece(generation: &mut Generation, tx: &tokio::sync::mpsc::Sender<Event>) -> Option<Piece> {
-    match generation.next().await {
-        Ok(piece) => piece,
-        Err(e) => {
-            let _ = send_json(tx, &e.body()).await;
-            None
+impl ChatWire {
+    fn new(state: &ApiState, prepared: &PreparedChat) -> Self {
+        ChatWire {
+            id: format!("chatcmpl-{}", unique_suffix()),
+            created: created(),
+            model: state.model_name.clone(),
+            include_usage: prepared.include_usage,
+            wants_logprobs: prepared.spec.request.sampling.logprobs.is_some(),
+            token_text: TokenText::new(Arc::clone(&state.tokenizer)),
         }
     }
-}
 
-/// Sends one JSON `data:` event; false once the client is gone.
-pub(super) async fn send_json(tx: &tokio::sync::mpsc::Sender<Event>, value: &Json) -> bool {
-    tx.send(Event::default().data(value.to_string())).await.is_ok()
-}
+    fn chunk(&self, delta: Json, finish: Option<&str>) -> Json {
+        json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
+        })
+    }
 
-fn stream(state: Arc<ApiState>, p: Prepared) -> impl IntoResponse {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-    let wants_logprobs = p.request.sampling.logprobs.is_some();
-    tokio::spawn(async move {
-        let (mut generation, id, include_usage) = start(&state, p);
-        let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
-        // Log-probabilities go with the next chunk sent after their token (a token whose text is
-        // held back has none of its own).
-        let mut logprobs_sent = 0;
-        let mut with_logprobs = |mut chunk: Json, generation: &Generation| -> Result<Json, ApiError> {
-            if wants_logprobs && logprobs_sent < generation.logprobs.len() {
-                chunk["choices"][0]["logprobs"] =
-                    chat_logprobs(&mut token_text, &generation.logprobs[logprobs_sent..])?;
-                logprobs_sent = generation.logprobs.len();
+    /// Log-probabilities go with the next chunk sent after their token.
+    fn with_logprobs(&mut self, mut chunk: Json, at: &mut Progress) -> Result<Json, ApiError> {
+        if self.wants_logprobs {
+            let unsent = at.unsent_logprobs();
+            if !unsent.is_empty() {
+                chunk["choices"][0]["logprobs"] = chat_logprobs(&mut self.token_text, unsent)?;
             }
-            Ok(chunk)
-        };
-        let created = created();
-        let chunk = |delta: Json, finish: Option<&str>| {
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
-            })
-        };
-        if !send_json(&tx, &chunk(json!({"role": "assistant", "content": ""}), None)).await {
-            return;
         }
-        let (ending, timings) = loop {
-            let Some(piece) = next_piece(&mut generation, &tx).await else { return };
-            for event in &piece.events {
-                let sent = match with_logprobs(chunk(delta(event), None), &generation) {
-                    Ok(c) => send_json(&tx, &c).await,
-                    Err(e) => {
-                        let _ = send_json(&tx, &e.body()).await;
-                        false
-                    }
-                };
-                if !sent {
-                    return;
-                }
-            }
-            if let Some(end) = piece.end {
-                break end;
-            }
-        };
-        let last = chunk(json!({}), Some(ending.finish_reason(generation.pipeline.tool_calls)));
-        let mut last = match with_logprobs(last, &generation) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = send_json(&tx, &e.body()).await;
-                return;
-            }
-        };
-        last["timings"] = timings_json(&timings);
+        Ok(chunk)
+    }
+}
+
+impl WireFormat for ChatWire {
+    fn start_events(&mut self) -> Vec<WireEvent> {
+        vec![WireEvent::Data(self.chunk(json!({"role": "assistant", "content": ""}), None))]
+    }
+
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let mut out = Vec::with_capacity(piece.events.len());
+        for event in &piece.events {
+            let chunk = self.chunk(delta(event), None);
+            out.push(WireEvent::Data(self.with_logprobs(chunk, at)?));
+        }
+        Ok(out)
+    }
+
+    fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
+        let last = self.chunk(json!({}), Some(ending.finish_reason(generation.pipeline.tool_calls)));
+        let mut last = self.with_logprobs(last, at)?;
+        last["timings"] = timings_json(timings);
         super::cache_report::attach(&mut last, generation.cache.as_ref());
-        if !send_json(&tx, &last).await {
-            return;
+        let mut out = vec![WireEvent::Data(last)];
+        if self.include_usage {
+            out.push(WireEvent::Data(json!({
+                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage(generation, generation.tokens.len())
+            })));
         }
-        if include_usage {
-            let usage_chunk = json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
-                "choices": [], "usage": usage(&generation)
-            });
-            if !send_json(&tx, &usage_chunk).await {
-                return;
+        out.push(WireEvent::Done);
+        Ok(out)
+    }
+
+    fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
+        let message = ParsedMessage::from_events(events);
+        let mut reply = json!({"role": "assistant", "content": message.content});
+        if let Some(reasoning) = &message.reasoning_content {
+            reply["reasoning_content"] = json!(reasoning);
+        }
+        if !message.tool_calls.is_empty() {
+            if message.content.is_empty() {
+                reply["content"] = Json::Null;
             }
+            reply["tool_calls"] = message
+                .tool_calls
+                .iter()
+                .map(
+                    |c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+                )
+                .collect();
         }
-        let _ = tx.send(Event::default().data("[DONE]")).await;
-    });
-    sse_response(rx)
+        let finish = ending.finish_reason(generation.pipeline.tool_calls);
+        let logprobs = match self.wants_logprobs {
+            true => chat_logprobs(&mut self.token_text, &generation.logprobs)?,
+            false => Json::Null,
+        };
+        let mut body = json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": reply, "logprobs": logprobs, "finish_reason": finish}],
+            "usage": usage(generation, generation.tokens.len()),
+            "timings": timings_json(&timings),
+        });
+        super::cache_report::attach(&mut body, generation.cache.as_ref());
+        let mut response = axum::Json(body).into_response();
+        super::cache_report::set_header(&mut response, generation.cache.as_ref());
+        Ok(response)
+    }
 }

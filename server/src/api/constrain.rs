@@ -3,14 +3,14 @@
 //!
 //! Enforced: `tool_choice: "required"` (a call to one of the tools), a named function (a call to
 //! it), `response_format` `json_object` (any JSON object) and `json_schema` (the schema). A
-//! call is written in the model's own tool-call format, so the output parser reads it back as
-//! `tool_calls`: Hermes `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`, Llama 3
-//! `{"name": .., "parameters": {..}}`. `"auto"` with a `response_format` lets the model choose
+//! call is written in the model's own tool-call format (`ModelFormat::tool_call_framing`), so
+//! the output parser reads it back as `tool_calls`. `"auto"` with a `response_format` lets the model choose
 //! between a call and the JSON reply; `"auto"` alone and `"none"` constrain nothing.
 
 use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
+use radix_templates::ModelFormat;
 use radix_templates::parse::OutputFormat;
 use serde_json::{Value as Json, json};
 
@@ -183,16 +183,18 @@ fn shape(body: &Json) -> Result<Option<Shape>, ApiError> {
 
 /// The Lark rules for "a call to one of `tools`" as the rule `calls`.
 fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<String, ApiError> {
-    let (arguments_key, open, close, separator) = match format {
-        OutputFormat::Hermes => ("arguments", r#""<tool_call>\n" "#, r#" "\n</tool_call>""#, r#""\n""#),
-        OutputFormat::Llama3Json => ("parameters", "", "", r#""; ""#),
-        OutputFormat::Plain => {
-            return Err(ApiError::bad_request(
-                "this model's chat template has no tool-call format, so tool_choice \"required\" or a named \
-                 function cannot be honoured; start the server with a --chat-template-file that shows tools",
-            ));
-        }
+    let Some(framing) = ModelFormat::new(format).tool_call_framing() else {
+        return Err(ApiError::bad_request(
+            "this model's chat template has no tool-call format, so tool_choice \"required\" or a named \
+             function cannot be honoured; start the server with a --chat-template-file that shows tools",
+        ));
     };
+    let arguments_key = framing.arguments_key;
+    // Lark string literals read JSON string escapes; empty framing writes nothing.
+    let quoted = |text: &str| Json::from(text).to_string();
+    let open = if framing.open.is_empty() { String::new() } else { format!("{} ", quoted(framing.open)) };
+    let close = if framing.close.is_empty() { String::new() } else { format!(" {}", quoted(framing.close)) };
+    let separator = quoted(framing.separator);
     let mut rules = String::new();
     let mut alternatives = Vec::new();
     for (i, tool) in tools.iter().enumerate() {

@@ -1,80 +1,184 @@
-//! OpenAI-style error responses: `{"error": {"message", "type", "code"}}` with an HTTP status.
+//! Every error the API answers, as one enum: its HTTP status, its OpenAI shape
+//! (`{"error": {"message", "type", "code"}}`) and its Anthropic shape
+//! (`{"type": "error", "error": {"type", "message"}}`) are decided here and nowhere else.
+
+use std::fmt;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{Value as Json, json};
 
 /// An error answered to the client.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// What went wrong, for a person.
-    pub message: String,
-    /// OpenAI's error type.
-    pub kind: &'static str,
-    /// A short machine-readable code, when one fits.
-    pub code: Option<&'static str>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// 400: the request is wrong; the message says how.
+    BadRequest(String),
+    /// 400 in OpenAI's wording, which clients match: the prompt does not fit the context.
+    /// `what` is "messages" for chat, "prompt" for text completions.
+    ContextTooLong {
+        /// The model's context.
+        context: usize,
+        /// The prompt's length.
+        prompt_tokens: usize,
+        /// What the client sent the prompt as.
+        what: &'static str,
+    },
+    /// 401: no API key or a wrong one.
+    Unauthorized,
+    /// 404: no such route.
+    NotFound,
+    /// 405: the route takes another method.
+    MethodNotAllowed,
+    /// 413: the body is over the limit of this many bytes.
+    TooLarge(usize),
+    /// Another client error made in front of the handlers (axum's 415, ...).
+    Rejected(StatusCode, String),
+    /// 503: this many requests wait for admission, at the `--max-queue` limit.
+    Busy {
+        /// Requests waiting.
+        queued: usize,
+        /// The limit.
+        max_queue: usize,
+    },
+    /// 503: the model is still loading.
+    Loading,
+    /// 503: every slot is busy (llama.cpp's `/slots?fail_on_no_slot=1`).
+    NoSlot,
+    /// 500: we failed.
+    Internal(String),
 }
 
 impl ApiError {
     /// 400: the request is wrong.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", code: None }
+        ApiError::BadRequest(message.into())
     }
 
     /// 500: we failed.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-            kind: "server_error",
-            code: None,
+        ApiError::Internal(message.into())
+    }
+
+    /// The error a non-JSON error response of axum's (a rejection) stands for; `text` is its
+    /// body.
+    pub fn from_rejection(status: StatusCode, text: &str) -> Self {
+        match (status, text.trim()) {
+            (StatusCode::NOT_FOUND, "") => ApiError::NotFound,
+            (StatusCode::METHOD_NOT_ALLOWED, "") => ApiError::MethodNotAllowed,
+            (StatusCode::PAYLOAD_TOO_LARGE, _) => ApiError::TooLarge(super::MAX_BODY_BYTES),
+            (_, "") => ApiError::Rejected(status, status.canonical_reason().unwrap_or("error").to_owned()),
+            (_, t) => ApiError::Rejected(status, t.to_owned()),
         }
     }
 
-    /// 401: no API key or a wrong one.
-    pub fn unauthorized() -> Self {
-        ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            message: "Invalid API key: pass it as `Authorization: Bearer <key>` or `x-api-key: <key>`".into(),
-            kind: "authentication_error",
-            code: Some("invalid_api_key"),
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Rejected(status, _) => *status,
+            ApiError::Busy { .. } | ApiError::Loading | ApiError::NoSlot => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
-    /// 503: the server cannot take the request now (loading, or its queue is full).
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: message.into(),
-            kind: "unavailable_error",
-            code: None,
+    /// What went wrong, for a person.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+
+    /// OpenAI's error `type`.
+    fn openai_type(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "authentication_error",
+            ApiError::Busy { .. } | ApiError::Loading | ApiError::NoSlot => "unavailable_error",
+            ApiError::Internal(_) => "server_error",
+            ApiError::Rejected(status, _) if status.is_server_error() => "server_error",
+            _ => "invalid_request_error",
         }
     }
 
-    /// Any status with a client-error type, for rejections made outside the handlers (413, 404,
-    /// 405, 415).
-    pub fn with_status(status: StatusCode, message: impl Into<String>) -> Self {
-        let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
-        ApiError { status, message: message.into(), kind, code: None }
+    /// A short machine-readable code, where one fits.
+    fn code(&self) -> Option<&'static str> {
+        match self {
+            ApiError::ContextTooLong { .. } => Some("context_length_exceeded"),
+            ApiError::Unauthorized => Some("invalid_api_key"),
+            ApiError::TooLarge(_) => Some("request_too_large"),
+            ApiError::Busy { .. } => Some("server_busy"),
+            ApiError::Loading => Some("loading_model"),
+            _ => None,
+        }
     }
 
-    /// Sets the code.
-    pub fn with_code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
+    /// Anthropic's error `type`, by status as Anthropic assigns them.
+    fn anthropic_type(&self) -> &'static str {
+        match self.status().as_u16() {
+            400 | 405 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
     }
 
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "code": self.code}})
+    /// The OpenAI-shaped body (also what a failed stream sends as its last `data:` event).
+    pub fn body(&self) -> Json {
+        json!({"error": {"message": self.message(), "type": self.openai_type(), "code": self.code()}})
+    }
+
+    /// The Anthropic-shaped body.
+    pub fn anthropic_body(&self) -> Json {
+        json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message()}})
+    }
+
+    /// The response in Anthropic's shape.
+    pub fn into_anthropic_response(self) -> Response {
+        (self.status(), axum::Json(self.anthropic_body())).into_response()
     }
 }
 
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::BadRequest(message) | ApiError::Rejected(_, message) | ApiError::Internal(message) => {
+                f.write_str(message)
+            }
+            ApiError::ContextTooLong { context, prompt_tokens, what } => write!(
+                f,
+                "This model's maximum context length is {context} tokens. However, your {what} resulted in \
+                 {prompt_tokens} tokens. Please reduce the length of the {what}."
+            ),
+            ApiError::Unauthorized => {
+                f.write_str("Invalid API key: pass it as `Authorization: Bearer <key>` or `x-api-key: <key>`")
+            }
+            ApiError::NotFound => f.write_str("no such route"),
+            ApiError::MethodNotAllowed => f.write_str("method not allowed on this route"),
+            ApiError::TooLarge(limit) => write!(f, "the request body is larger than the limit of {limit} bytes"),
+            ApiError::Busy { queued, max_queue } => write!(
+                f,
+                "the server is busy: {queued} requests are already waiting (--max-queue {max_queue}); retry later"
+            ),
+            ApiError::Loading => f.write_str("the model is loading; retry in a moment"),
+            ApiError::NoSlot => f.write_str("no slot available"),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
 impl IntoResponse for ApiError {
+    /// The OpenAI shape; the error itself rides along as an extension, so the Anthropic routes
+    /// reshape it without reading the body back.
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        response.extensions_mut().insert(self);
+        response
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::Method;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -20,16 +20,13 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// recursive parser must not be handed unbounded depth.
 pub const MAX_JSON_DEPTH: usize = 128;
 
-/// Routes that queue work on the engine, refused with 503 when its queue is full.
-const GENERATION_ROUTES: &[&str] =
-    &["/v1/chat/completions", "/v1/completions", "/completion", "/completions", "/v1/messages"];
-
-/// 401 unless the request carries an accepted API key; `/health` stays open for probes.
+/// 401 unless the request carries an accepted API key. Attached to every route group but the
+/// one with `/health`, which stays open for probes.
 pub(super) async fn require_key(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    if request.uri().path() == "/health" || state.api_keys.accepts(request.headers()) {
+    if state.api_keys.accepts(request.headers()) {
         next.run(request).await
     } else {
-        ApiError::unauthorized().into_response()
+        ApiError::Unauthorized.into_response()
     }
 }
 
@@ -38,14 +35,7 @@ pub(super) async fn read_body(request: Request, next: Next) -> Response {
     if request.method() == Method::GET || request.method() == Method::HEAD {
         return next.run(request).await;
     }
-    let too_large = || {
-        ApiError::with_status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes"),
-        )
-        .with_code("request_too_large")
-        .into_response()
-    };
+    let too_large = || ApiError::TooLarge(MAX_BODY_BYTES).into_response();
     let declared = request.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
         return too_large();
@@ -64,17 +54,12 @@ pub(super) async fn read_body(request: Request, next: Next) -> Response {
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
-/// 503 on a generation route while more than `--max-queue` requests wait for admission.
+/// 503 while more than `--max-queue` requests wait for admission; attached to the routes that
+/// queue work on the engine.
 pub(super) async fn limit_queue(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    let generation = request.method() == Method::POST && GENERATION_ROUTES.contains(&request.uri().path());
-    if generation && state.engine.queued() >= state.max_queue {
-        return ApiError::unavailable(format!(
-            "the server is busy: {} requests are already waiting (--max-queue {}); retry later",
-            state.engine.queued(),
-            state.max_queue
-        ))
-        .with_code("server_busy")
-        .into_response();
+    let queued = state.engine.queued();
+    if request.method() == Method::POST && queued >= state.max_queue {
+        return ApiError::Busy { queued, max_queue: state.max_queue }.into_response();
     }
     next.run(request).await
 }
@@ -90,17 +75,7 @@ pub(super) async fn json_errors(request: Request, next: Next) -> Response {
         return response;
     }
     let body = axum::body::to_bytes(response.into_body(), 64 << 10).await.unwrap_or_default();
-    let text = String::from_utf8_lossy(&body);
-    let message = match (status, text.trim()) {
-        (StatusCode::NOT_FOUND, "") => "no such route".to_owned(),
-        (StatusCode::METHOD_NOT_ALLOWED, "") => "method not allowed on this route".to_owned(),
-        (StatusCode::PAYLOAD_TOO_LARGE, _) => {
-            format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes")
-        }
-        (_, "") => status.canonical_reason().unwrap_or("error").to_owned(),
-        (_, t) => t.to_owned(),
-    };
-    ApiError::with_status(status, message).into_response()
+    ApiError::from_rejection(status, &String::from_utf8_lossy(&body)).into_response()
 }
 
 /// Roles a chat message may have (OpenAI's, `function` included for old clients).
@@ -159,7 +134,7 @@ mod tests {
         let ok = [serde_json::json!({"role": "developer"}), serde_json::json!({"role": "tool"})];
         assert!(check_roles(&ok).is_ok());
         let err = check_roles(&[serde_json::json!({"role": "user"}), serde_json::json!({"role": "wizard"})]);
-        assert!(err.unwrap_err().message.contains("messages[1].role is 'wizard'"));
+        assert!(err.unwrap_err().message().contains("messages[1].role is 'wizard'"));
     }
 
     #[test]

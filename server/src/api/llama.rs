@@ -7,24 +7,28 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
 
-use super::chat::{next_piece, send_json, sse_response, timings_json};
-use super::completion_params::{flag, integer, parse_body, stops, top_logprobs};
-use super::completions::{plain_parser, prepare_text, text_of};
+use super::completions::text_spec;
+use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::llama_meta;
-use super::output::{Ending, Generation, TokenText};
+use super::logprobs::{TokenText, llama_probabilities};
+use super::output::{Ending, Generation, Piece};
+use super::reply::{text_of, timings_json};
+use super::request::{GenerationFields, LlamaCompletionRequest, SamplingFields, parse_body, top_logprobs, typed};
 use super::{ApiError, ApiState};
-use crate::engine::{SamplingParams, Timings, TokenLogprobs};
+use crate::engine::{SamplingParams, Timings};
 
-/// The routes of this module.
+/// The routes of this module that queue generation on the engine.
+pub(super) fn generation_routes() -> Router<Arc<ApiState>> {
+    Router::new().route("/completion", post(completion)).route("/completions", post(completion))
+}
+
+/// The routes of this module around generation.
 pub(super) fn routes() -> Router<Arc<ApiState>> {
     Router::new()
-        .route("/completion", post(completion))
-        .route("/completions", post(completion))
         .route("/tokenize", post(llama_meta::tokenize))
         .route("/detokenize", post(llama_meta::detokenize))
         .route("/apply-template", post(llama_meta::apply_template))
@@ -92,143 +96,119 @@ fn stop_type(ending: &Ending) -> &'static str {
     }
 }
 
-/// What a `/completion` request decided, for the response.
-struct Settings {
+/// llama-server's `/completion` wire format, with what the request decided for the response.
+struct LlamaWire {
+    state: Arc<ApiState>,
     generation_settings: Json,
     prompt_text: String,
     return_tokens: bool,
     /// `n_predict: 0`: evaluate the prompt only.
     silent: bool,
+    token_text: TokenText,
 }
 
 async fn completion(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
     let prepared = parse_body(&body).and_then(|body| {
-        let n_predict = match integer(&body, "n_predict")? {
-            Some(n) => n,
-            None => integer(&body, "max_tokens")?.unwrap_or(-1),
-        };
-        let logprobs = top_logprobs(&body, "n_probs")?.filter(|&n| n > 0);
-        let text = prepare_text(&state, &body, &SamplingParams { logprobs, ..llama_defaults() }, n_predict)?;
-        let stream = flag(&body, "stream", false)?;
-        let settings = Settings {
-            generation_settings: generation_settings(&state, &text.request.sampling, n_predict, &stops(&body)?, stream),
-            prompt_text: state.tokenizer.decode(&text.request.prompt, false).unwrap_or_default(),
-            return_tokens: flag(&body, "return_tokens", false)?,
+        let fields: LlamaCompletionRequest = typed(&body)?;
+        let sampling_fields: SamplingFields = typed(&body)?;
+        let output: GenerationFields = typed(&body)?;
+        let n_predict = fields.n_predict.or(fields.max_tokens).unwrap_or(-1);
+        let logprobs = top_logprobs(fields.n_probs, "n_probs")?.filter(|&n| n > 0);
+        let sampling = sampling_fields.over(&SamplingParams { logprobs, ..llama_defaults() })?;
+        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, n_predict, &output)?;
+        let stream = output.stream();
+        let wire = LlamaWire {
+            state: Arc::clone(&state),
+            generation_settings: generation_settings(&state, &spec.request.sampling, n_predict, &output.stop.0, stream),
+            prompt_text: state.tokenizer.decode(&spec.request.prompt, false).unwrap_or_default(),
+            return_tokens: fields.return_tokens.unwrap_or(false),
             silent: n_predict == 0,
+            token_text: TokenText::new(Arc::clone(&state.tokenizer)),
         };
-        Ok((text, stream, settings))
+        Ok((spec, wire, stream))
     });
-    let (text, stream, settings) = match prepared {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
-    let generation = Generation::start(&state.engine, text.request, plain_parser());
-    if stream {
-        stream_completion(state, generation, settings).into_response()
-    } else {
-        complete(state, generation, settings).await
+    match prepared {
+        Ok((spec, wire, stream)) => respond(&state, spec, wire, stream).await,
+        Err(e) => e.into_response(),
     }
 }
 
-/// The final object of a completion (the whole response, or the last streamed chunk).
-fn final_json(
-    state: &ApiState,
-    generation: &Generation,
-    settings: &Settings,
-    content: &str,
-    tokens: &[u32],
-    ending: &Ending,
-    timings: &Timings,
-) -> Json {
-    let predicted = if settings.silent { 0 } else { generation.tokens.len() };
-    let stopping_word = match ending {
-        Ending::Word(w) => w.as_str(),
-        _ => "",
-    };
-    let truncated = matches!(ending, Ending::Length) && generation.prompt_tokens + predicted >= state.context_length;
-    json!({
-        "index": 0,
-        "content": content,
-        "tokens": tokens,
-        // We have no fixed slots: -1 is llama-server's "any slot".
-        "id_slot": -1,
-        "stop": true,
-        "model": state.model_name,
-        "tokens_predicted": predicted,
-        "tokens_evaluated": generation.prompt_tokens,
-        "generation_settings": settings.generation_settings,
-        "prompt": settings.prompt_text,
-        "has_new_line": content.contains('\n'),
-        "truncated": truncated,
-        "stop_type": if settings.silent { "limit" } else { stop_type(ending) },
-        "stopping_word": stopping_word,
-        "tokens_cached": generation.cached_tokens,
-        "timings": timings_json(timings),
-    })
-}
-
-/// llama.cpp's `completion_probabilities` (`n_probs`) for these tokens.
-fn probabilities(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Json, ApiError> {
-    lps.iter().map(|lp| text.logprobs_entry(lp, true)).collect::<Result<Vec<_>, _>>().map(Json::Array)
-}
-
-async fn complete(state: Arc<ApiState>, mut generation: Generation, settings: Settings) -> Response {
-    let (events, ending, timings) = match generation.run().await {
-        Ok(done) => done,
-        Err(e) => return e.into_response(),
-    };
-    let content = if settings.silent { String::new() } else { text_of(&events) };
-    let tokens = if settings.return_tokens && !settings.silent { generation.tokens.clone() } else { Vec::new() };
-    let mut body = final_json(&state, &generation, &settings, &content, &tokens, &ending, &timings);
-    if !generation.logprobs.is_empty() && !settings.silent {
-        match probabilities(&mut TokenText::new(Arc::clone(&state.tokenizer)), &generation.logprobs) {
-            Ok(p) => body["completion_probabilities"] = p,
-            Err(e) => return e.into_response(),
-        }
+impl LlamaWire {
+    /// The final object of a completion (the whole response, or the last streamed chunk).
+    fn final_json(
+        &self,
+        generation: &Generation,
+        content: &str,
+        tokens: &[u32],
+        ending: &Ending,
+        timings: &Timings,
+    ) -> Json {
+        let predicted = if self.silent { 0 } else { generation.tokens.len() };
+        let stopping_word = match ending {
+            Ending::Word(w) => w.as_str(),
+            _ => "",
+        };
+        let truncated =
+            matches!(ending, Ending::Length) && generation.prompt_tokens + predicted >= self.state.context_length;
+        json!({
+            "index": 0,
+            "content": content,
+            "tokens": tokens,
+            // We have no fixed slots: -1 is llama-server's "any slot".
+            "id_slot": -1,
+            "stop": true,
+            "model": self.state.model_name,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": generation.prompt_tokens,
+            "generation_settings": self.generation_settings,
+            "prompt": self.prompt_text,
+            "has_new_line": content.contains('\n'),
+            "truncated": truncated,
+            "stop_type": if self.silent { "limit" } else { stop_type(ending) },
+            "stopping_word": stopping_word,
+            "tokens_cached": generation.cached_tokens,
+            "timings": timings_json(timings),
+        })
     }
-    axum::Json(body).into_response()
 }
 
 /// One `data:` chunk per generated token (`content` may be empty while a character or a
 /// possible stop string is incomplete), then a last chunk with `stop: true` and the final
 /// fields. llama-server ends `/completion` streams there, without `[DONE]`.
-fn stream_completion(state: Arc<ApiState>, mut generation: Generation, settings: Settings) -> impl IntoResponse {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(64);
-    tokio::spawn(async move {
-        let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
-        let (ending, timings) = loop {
-            let Some(piece) = next_piece(&mut generation, &tx).await else { return };
-            let content = text_of(&piece.events);
-            if !settings.silent && (piece.token.is_some() || !content.is_empty()) {
-                let mut chunk = json!({
-                    "index": 0,
-                    "content": content,
-                    "tokens": piece.token.into_iter().collect::<Vec<_>>(),
-                    "stop": false,
-                    "id_slot": -1,
-                    "tokens_predicted": generation.tokens.len(),
-                    "tokens_evaluated": generation.prompt_tokens,
-                });
-                // The engine sends a token's logprobs just before the token.
-                if let Some(lp) = generation.logprobs.last().filter(|lp| Some(lp.token) == piece.token) {
-                    match probabilities(&mut token_text, std::slice::from_ref(lp)) {
-                        Ok(p) => chunk["completion_probabilities"] = p,
-                        Err(e) => {
-                            let _ = send_json(&tx, &e.body()).await;
-                            return;
-                        }
-                    }
-                }
-                if !send_json(&tx, &chunk).await {
-                    return;
-                }
-            }
-            if let Some(end) = piece.end {
-                break end;
-            }
-        };
-        let last = final_json(&state, &generation, &settings, "", &[], &ending, &timings);
-        let _ = send_json(&tx, &last).await;
-    });
-    sse_response(rx)
+impl WireFormat for LlamaWire {
+    fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        let generation = at.generation;
+        let content = text_of(&piece.events);
+        if self.silent || (piece.token.is_none() && content.is_empty()) {
+            return Ok(Vec::new());
+        }
+        let mut chunk = json!({
+            "index": 0,
+            "content": content,
+            "tokens": piece.token.into_iter().collect::<Vec<_>>(),
+            "stop": false,
+            "id_slot": -1,
+            "tokens_predicted": generation.tokens.len(),
+            "tokens_evaluated": generation.prompt_tokens,
+        });
+        // The engine sends a token's logprobs just before the token.
+        if let Some(lp) = generation.logprobs.last().filter(|lp| Some(lp.token) == piece.token) {
+            chunk["completion_probabilities"] = llama_probabilities(&mut self.token_text, std::slice::from_ref(lp))?;
+        }
+        Ok(vec![WireEvent::Data(chunk)])
+    }
+
+    fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
+        Ok(vec![WireEvent::Data(self.final_json(at.generation, "", &[], ending, timings))])
+    }
+
+    fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
+        let content = if self.silent { String::new() } else { text_of(&events) };
+        let tokens = if self.return_tokens && !self.silent { generation.tokens.clone() } else { Vec::new() };
+        let mut body = self.final_json(generation, &content, &tokens, &ending, &timings);
+        if !generation.logprobs.is_empty() && !self.silent {
+            body["completion_probabilities"] = llama_probabilities(&mut self.token_text, &generation.logprobs)?;
+        }
+        Ok(axum::Json(body).into_response())
+    }
 }

@@ -5,15 +5,14 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use radix_templates::ChatRequest;
 use serde_json::{Value as Json, json};
 
-use super::completion_params::{field, flag, parse_body, token_id};
 use super::llama::{generation_settings, llama_defaults};
-use super::output::TokenText;
+use super::logprobs::TokenText;
+use super::request::{DetokenizeRequest, TokenizeRequest, parse_body, token_id, typed};
 use super::{ApiError, ApiState};
 
 fn respond(result: Result<Json, ApiError>) -> Response {
@@ -29,20 +28,16 @@ fn respond(result: Result<Json, ApiError>) -> Response {
 /// matches special tokens.
 pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
     respond((|| {
-        let body = parse_body(&body)?;
-        let content = match field(&body, "content") {
-            Some(Json::String(s)) => s,
-            Some(_) => return Err(ApiError::bad_request("'content' must be a string")),
-            None => return Err(ApiError::bad_request("'content' is required")),
-        };
-        if !flag(&body, "parse_special", true)? {
+        let fields: TokenizeRequest = typed(&parse_body(&body)?)?;
+        let Some(content) = &fields.content else { return Err(ApiError::bad_request("'content' is required")) };
+        if !fields.parse_special.unwrap_or(true) {
             return Err(ApiError::bad_request("'parse_special': false is not supported"));
         }
         let ids = state
             .tokenizer
-            .encode(content, flag(&body, "add_special", false)?)
+            .encode(content, fields.add_special.unwrap_or(false))
             .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
-        if !flag(&body, "with_pieces", false)? {
+        if !fields.with_pieces.unwrap_or(false) {
             return Ok(json!({"tokens": ids}));
         }
         let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
@@ -62,12 +57,8 @@ pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) ->
 /// `POST /detokenize`: `tokens` (ids) to `content`, special tokens written out.
 pub(super) async fn detokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
     respond((|| {
-        let body = parse_body(&body)?;
-        let items = match field(&body, "tokens") {
-            Some(Json::Array(items)) => items.as_slice(),
-            None => &[],
-            Some(_) => return Err(ApiError::bad_request("'tokens' must be an array of token ids")),
-        };
+        let fields: DetokenizeRequest = typed(&parse_body(&body)?)?;
+        let items = fields.tokens.unwrap_or_default();
         let ids = items.iter().map(|v| token_id(&state.tokenizer, v.as_u64(), v)).collect::<Result<Vec<_>, _>>()?;
         let content =
             state.tokenizer.decode(&ids, false).map_err(|e| ApiError::internal(format!("detokenizing failed: {e}")))?;
@@ -150,13 +141,7 @@ pub(super) async fn slots(State(state): State<Arc<ApiState>>, uri: Uri) -> Respo
     let fail_on_no_slot =
         uri.query().unwrap_or_default().split('&').any(|kv| kv == "fail_on_no_slot=1" || kv == "fail_on_no_slot=true");
     if fail_on_no_slot && running >= state.total_slots {
-        let error = ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "no slot available".into(),
-            kind: "unavailable_error",
-            code: None,
-        };
-        return error.into_response();
+        return ApiError::NoSlot.into_response();
     }
     let slots: Vec<Json> = (0..state.total_slots).map(|id| idle_slot(&state, id, id < running)).collect();
     axum::Json(Json::Array(slots)).into_response()

@@ -1,19 +1,25 @@
-//! The HTTP API (axum): OpenAI chat completions (streaming and not), models, health.
+//! The HTTP API (axum): OpenAI chat and text completions, llama.cpp's server endpoints, the
+//! Anthropic Messages API, models, health and metrics. Each API reads its body into typed
+//! structs (request/), maps it to one generation spec, and answers through the one driver
+//! (driver.rs) in its own wire format.
 
 mod anthropic;
 mod anthropic_convert;
 mod auth;
 mod cache_report;
 mod chat;
-mod completion_params;
 mod completions;
 mod constrain;
+mod driver;
 mod error;
 mod limits;
 mod llama;
 mod llama_meta;
+mod logprobs;
 mod metrics;
 mod output;
+mod reply;
+mod request;
 
 use std::sync::Arc;
 
@@ -22,7 +28,7 @@ use axum::extract::State;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use radix_models::tokenizer::Tokenizer;
-use radix_templates::parse::OutputFormat;
+use radix_templates::ModelFormat;
 use radix_templates::prepare::PreparedTemplate;
 use serde_json::json;
 
@@ -41,8 +47,8 @@ pub struct ApiState {
     /// The chat template with its probed behaviour.
     pub template: PreparedTemplate,
     /// How the model writes reasoning and tool calls.
-    pub output_format: OutputFormat,
-    /// Tokens that end a reply (EOS, end of turn).
+    pub format: ModelFormat,
+    /// Tokens that end a reply (EOS and the format's end-of-turn tokens).
     pub stop_tokens: Vec<u32>,
     /// The name clients use for the model.
     pub model_name: String,
@@ -60,24 +66,35 @@ pub struct ApiState {
     pub http_metrics: HttpMetrics,
 }
 
-/// The router with every route.
+/// The router with every route, in groups that carry their own guards: `/health` open for
+/// probes; every other route behind the API key and the body limits; the routes that queue work
+/// on the engine also behind the queue limit; the Anthropic routes answering errors in
+/// Anthropic's shape. Layers run outermost last-added.
 pub fn router(state: Arc<ApiState>) -> Router {
-    Router::new()
+    let queue_limit = || from_fn_with_state(Arc::clone(&state), limits::limit_queue);
+    let guarded = |routes: Router<Arc<ApiState>>| {
+        routes.layer(from_fn(limits::read_body)).layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
+    };
+    let generation = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
         .merge(completions::routes())
+        .merge(llama::generation_routes())
+        .route_layer(queue_limit());
+    let openai = Router::new()
+        .route("/v1/models", get(models))
+        .merge(generation)
         .merge(llama::routes())
-        .merge(anthropic::routes())
         .merge(metrics::routes())
-        // Layers run outermost last-added: count, give Anthropic routes Anthropic's error shape,
-        // make errors JSON, check the key, read the body within limits, then refuse generation
-        // when the queue is full.
-        .layer(from_fn_with_state(Arc::clone(&state), limits::limit_queue))
-        .layer(from_fn(limits::read_body))
-        .layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
+        // Here, so that an unknown route also asks for the key (and the metrics name it "other").
+        .fallback(|| async { ApiError::NotFound });
+    let anthropic = anthropic::generation_routes().route_layer(queue_limit()).merge(anthropic::routes());
+    // Errors made by the guards or by axum become JSON, then take Anthropic's shape.
+    let anthropic = guarded(anthropic).layer(from_fn(limits::json_errors)).layer(from_fn(anthropic::error_shape));
+    Router::new()
+        .route("/health", get(health))
+        .merge(guarded(openai))
+        .merge(anthropic)
         .layer(from_fn(limits::json_errors))
-        .layer(from_fn(anthropic::anthropic_error_shape))
         .layer(from_fn_with_state(Arc::clone(&state), metrics::count_requests))
         .with_state(state)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -3,11 +3,7 @@
 //! (chat, completions, llama.cpp's `/completion`) drives. Detokenization, stop strings and
 //! timings are the engine's: the text arriving here is already cut at a stop string.
 
-use std::sync::Arc;
-
-use radix_models::tokenizer::Tokenizer;
 use radix_templates::parse::{ParseEvent, ParserOptions, StreamingParser};
-use serde_json::{Value as Json, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::ApiError;
@@ -179,73 +175,5 @@ impl Generation {
             }
         }
         Err(ApiError::internal("the generation ended without a result"))
-    }
-}
-
-/// Token texts as the APIs show them: the decoded text, and the raw bytes where a token holds
-/// only part of a UTF-8 character (its text then reads U+FFFD).
-pub(crate) struct TokenText {
-    tokenizer: Arc<Tokenizer>,
-    /// Every token's bytes, read once on the first partial character.
-    all_bytes: Option<Vec<Vec<u8>>>,
-}
-
-impl TokenText {
-    pub(crate) fn new(tokenizer: Arc<Tokenizer>) -> Self {
-        TokenText { tokenizer, all_bytes: None }
-    }
-
-    /// The token's text, lossy where it is part of a character.
-    pub(crate) fn text(&self, id: u32) -> String {
-        self.tokenizer.decode(&[id], false).unwrap_or_default()
-    }
-
-    /// The token's bytes.
-    pub(crate) fn bytes(&mut self, id: u32) -> Result<Vec<u8>, ApiError> {
-        let text = self.text(id);
-        if !text.contains('\u{FFFD}') {
-            return Ok(text.into_bytes());
-        }
-        if self.all_bytes.is_none() {
-            let all = self
-                .tokenizer
-                .token_bytes()
-                .map_err(|e| ApiError::internal(format!("cannot read token bytes: {e}")))?;
-            self.all_bytes = Some(all);
-        }
-        Ok(self.all_bytes.as_ref().and_then(|b| b.get(id as usize)).cloned().unwrap_or_default())
-    }
-
-    /// `{"token", "logprob", "bytes"}` (with `"id"` in llama.cpp's form).
-    fn entry(&mut self, id: u32, logprob: f32, with_id: bool) -> Result<Json, ApiError> {
-        let mut entry = json!({"token": self.text(id), "logprob": logprob, "bytes": self.bytes(id)?});
-        if with_id {
-            entry["id"] = json!(id);
-        }
-        Ok(entry)
-    }
-
-    /// One token of OpenAI chat's `logprobs.content` (or, `with_id`, of llama.cpp's
-    /// `completion_probabilities`): the token and its `top_logprobs`.
-    pub(crate) fn logprobs_entry(&mut self, lp: &TokenLogprobs, with_id: bool) -> Result<Json, ApiError> {
-        let mut entry = self.entry(lp.token, lp.logprob, with_id)?;
-        let top = lp.top.iter().map(|&(id, l)| self.entry(id, l, with_id)).collect::<Result<Vec<_>, _>>()?;
-        entry["top_logprobs"] = Json::Array(top);
-        Ok(entry)
-    }
-
-    /// OpenAI text completions' `logprobs` object; offsets count from `offset` in the text.
-    pub(crate) fn completion_logprobs(&self, lps: &[TokenLogprobs], mut offset: usize) -> Json {
-        let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) = (vec![], vec![], vec![], vec![]);
-        for lp in lps {
-            let text = self.text(lp.token);
-            text_offset.push(offset);
-            offset += text.len();
-            tokens.push(text);
-            token_logprobs.push(lp.logprob);
-            let top: serde_json::Map<String, Json> = lp.top.iter().map(|&(id, l)| (self.text(id), json!(l))).collect();
-            top_logprobs.push(top);
-        }
-        json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
     }
 }

@@ -1,15 +1,7 @@
-//! The marker strings of each format and how to recognise them at the front of a buffer.
+//! Each format's markers (their strings live in crate::format) and how to recognise them at the
+//! front of a buffer.
 
-/// Opens Hermes/Qwen reasoning.
-pub(crate) const THINK_OPEN: &str = "<think>";
-/// Closes Hermes/Qwen reasoning.
-pub(crate) const THINK_CLOSE: &str = "</think>";
-/// Opens a Hermes/Qwen tool call.
-pub(crate) const TOOL_OPEN: &str = "<tool_call>";
-/// Closes a Hermes/Qwen tool call.
-pub(crate) const TOOL_CLOSE: &str = "</tool_call>";
-/// Llama 3's tool-call tag.
-pub(crate) const PYTHON_TAG: &str = "<|python_tag|>";
+pub(crate) use crate::format::{PYTHON_TAG, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN};
 
 /// Markers of [`super::OutputFormat::Hermes`]. None is a prefix of another.
 pub(crate) const HERMES_MARKERS: &[&str] = &[THINK_OPEN, THINK_CLOSE, TOOL_OPEN, TOOL_CLOSE];

@@ -16,7 +16,7 @@ fn tool_call_text(call: &Json) -> String {
         Some(other) => other.to_string(),
         None => "{}".to_owned(),
     };
-    format!("<tool_call>\n{{\"name\": {}, \"arguments\": {arguments}}}\n</tool_call>", Json::from(name))
+    crate::format::hermes_call_text(&Json::from(name).to_string(), &arguments)
 }
 
 /// Moves assistant tool calls into the assistant's content as text.
@@ -46,7 +46,7 @@ pub(super) fn tool_results_as_user(messages: Vec<Json>) -> Vec<Json> {
             out.push(message);
             continue;
         }
-        let wrapped = format!("<tool_response>\n{}\n</tool_response>", content_text(&message));
+        let wrapped = crate::format::hermes_result_text(&content_text(&message));
         match out.last_mut() {
             Some(last) if previous_was_tool => {
                 let joined = format!("{}\n{wrapped}", content_text(last));

@@ -20,7 +20,7 @@ fn clock() -> Json {
 }
 
 fn status(result: Result<Option<String>, ApiError>) -> u16 {
-    result.map_or_else(|e| e.status.as_u16(), |_| 200)
+    result.map_or_else(|e| e.status().as_u16(), |_| 200)
 }
 
 /// Parses text as the Hermes output parser would, returning (name, arguments) of each call.
@@ -120,7 +120,7 @@ fn a_schema_the_engine_rejects_is_400() {
     let tokenizer = smollm2();
     let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}});
     let e = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap_err();
-    assert_eq!(e.status.as_u16(), 400, "{}", e.message);
+    assert_eq!(e.status().as_u16(), 400, "{}", e.message());
 }
 
 #[test]

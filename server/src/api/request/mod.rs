@@ -1,0 +1,119 @@
+//! Request bodies as typed structs, one per API: the body is parsed once, then read into the
+//! API's struct, whose fields say what each API accepts. `null` means "the default", as clients
+//! send it; unknown fields are ignored, as OpenAI does; a field of the wrong type is a 400 that
+//! names the field.
+
+mod llama;
+mod openai;
+mod prompt;
+mod sampling;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value as Json;
+
+use super::ApiError;
+pub(crate) use llama::{DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest};
+pub(crate) use openai::{ChatCompletionRequest, CompletionRequest};
+pub(crate) use prompt::{prompt_tokens, token_id};
+pub(crate) use sampling::SamplingFields;
+
+/// Parses a JSON body, answering 400 when it is not JSON (or not an object).
+pub(crate) fn parse_body(body: &[u8]) -> Result<Json, ApiError> {
+    let body: Json =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !body.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    Ok(body)
+}
+
+/// Reads a parsed body into `T`; a type error names the field it is in.
+pub(crate) fn typed<T: DeserializeOwned>(body: &Json) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(format!("'{path}': {}", e.into_inner()))
+    })
+}
+
+/// `stop`: a string or an array of strings.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stops(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for Stops {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match Json::deserialize(deserializer)? {
+            Json::Null => Ok(Stops::default()),
+            Json::String(s) => Ok(Stops(vec![s])),
+            Json::Array(items) => items
+                .into_iter()
+                .map(|s| match s {
+                    Json::String(s) => Ok(s),
+                    _ => Err(D::Error::custom("must hold strings")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Stops),
+            _ => Err(D::Error::custom("must be a string or an array of strings")),
+        }
+    }
+}
+
+/// What every generation body says about its output, under the same names in each API: stop
+/// strings, streaming, and whether cached prefixes are reused.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct GenerationFields {
+    /// Stop strings.
+    #[serde(default)]
+    pub(crate) stop: Stops,
+    /// Stream server-sent events.
+    stream: Option<bool>,
+    /// OpenAI's streaming options.
+    stream_options: Option<StreamOptions>,
+    /// Reuse cached prefixes (llama.cpp's name; default true).
+    cache_prompt: Option<bool>,
+}
+
+impl GenerationFields {
+    /// Stream the reply.
+    pub(crate) fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Send a usage chunk at the end of an OpenAI stream (`stream_options.include_usage`).
+    pub(crate) fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// Reuse cached prefixes.
+    pub(crate) fn use_cache(&self) -> bool {
+        self.cache_prompt.unwrap_or(true)
+    }
+}
+
+/// OpenAI's `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct StreamOptions {
+    /// Send a last chunk with the usage.
+    include_usage: Option<bool>,
+}
+
+/// Most alternatives per token a request may ask log-probabilities for (OpenAI's limit).
+pub(crate) const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A count of log-probability alternatives in `0..=MAX_TOP_LOGPROBS`, from the field `name`.
+pub(crate) fn top_logprobs(value: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::bad_request(format!("'{name}' must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"))),
+    }
+}
+
+/// 400 when a prompt does not fit the context.
+pub(crate) fn check_context(prompt_tokens: usize, context: usize, what: &'static str) -> Result<(), ApiError> {
+    if prompt_tokens >= context {
+        return Err(ApiError::ContextTooLong { context, prompt_tokens, what });
+    }
+    Ok(())
+}

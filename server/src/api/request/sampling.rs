@@ -1,0 +1,50 @@
+//! Sampling settings under OpenAI's and llama.cpp's names, read from any generation body.
+
+use serde::Deserialize;
+
+use super::super::ApiError;
+use crate::engine::SamplingParams;
+
+/// The sampling fields of a body; each overrides the endpoint's default.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct SamplingFields {
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<f64>,
+    min_p: Option<f64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    /// vLLM's name.
+    repetition_penalty: Option<f64>,
+    /// llama.cpp's name, used when `repetition_penalty` is absent.
+    repeat_penalty: Option<f64>,
+    seed: Option<i64>,
+}
+
+impl SamplingFields {
+    /// The settings over the endpoint's `defaults`, validated. A negative seed is llama.cpp's
+    /// "random" (-1), not a fixed seed.
+    pub(crate) fn over(&self, defaults: &SamplingParams) -> Result<SamplingParams, ApiError> {
+        let float = |value: Option<f64>, default: f32| value.map_or(default, |v| v as f32);
+        let seed = match self.seed {
+            None => defaults.seed,
+            // llama.cpp prints its "random" seed as 4294967295 (u32 -1) and clients echo it back.
+            Some(seed) if seed < 0 || seed == i64::from(u32::MAX) => None,
+            Some(seed) => Some(seed as u64),
+        };
+        let sampling = SamplingParams {
+            temperature: float(self.temperature, defaults.temperature),
+            top_p: float(self.top_p, defaults.top_p),
+            // llama.cpp: 0 or a negative value turns top-k off.
+            top_k: self.top_k.map_or(defaults.top_k, |v| v.max(0.0) as usize),
+            min_p: float(self.min_p, defaults.min_p),
+            presence_penalty: float(self.presence_penalty, defaults.presence_penalty),
+            frequency_penalty: float(self.frequency_penalty, defaults.frequency_penalty),
+            repetition_penalty: float(self.repetition_penalty.or(self.repeat_penalty), defaults.repetition_penalty),
+            seed,
+            logprobs: defaults.logprobs,
+        };
+        sampling.validate().map_err(ApiError::bad_request)?;
+        Ok(sampling)
+    }
+}
