@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
-use radix_kernels::{KvElement, PagedLayout};
+use radix_kernels::PagedLayout;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -256,16 +256,13 @@ impl KvPool {
         Ok(())
     }
 
-    /// Reads back one layer's K and V of a slot as f32 (for tests and debugging).
-    pub fn read_slot(&self, layer: usize, slot: usize) -> (Vec<f32>, Vec<f32>) {
-        self.try_read_slot(layer, slot).expect("reading a slot of a pool on a device")
-    }
-
-    /// [`read_slot`](Self::read_slot), with the device's error if the copy fails.
-    pub fn try_read_slot(&self, layer: usize, slot: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// Reads back one layer's K and V of a slot as f32, with the device's error if the copy
+    /// fails (for tests).
+    #[cfg(test)]
+    pub(crate) fn try_read_slot(&self, layer: usize, slot: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.layout.slot_len();
         let range = slot * n..(slot + 1) * n;
-        fn read<T: KvElement>(v: &[T], r: std::ops::Range<usize>) -> Vec<f32> {
+        fn read<T: radix_kernels::KvElement>(v: &[T], r: std::ops::Range<usize>) -> Vec<f32> {
             v[r].iter().map(|x| x.to_f32()).collect()
         }
         let pick = |s: &KvStorage| -> Result<Vec<f32>> {

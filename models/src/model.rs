@@ -1,5 +1,8 @@
 //! One config-driven decoder for Llama, Qwen2 and Qwen3, running a packed batch over the
-//! external paged KV pool.
+//! external paged KV pool: loading (which source, which RoPE layout) and the forward pass's
+//! outline (embed, layers, head). The layers are types of their own, each loaded from the
+//! config and a weight source (`weights`) and written once for every device; the device
+//! decides only inside attention, through the pass's `ForwardContext` (`model/backend.rs`).
 //!
 //! The architectures differ only in switches the weights and config carry: Qwen2 has q/k/v
 //! biases (loaded when present), Qwen3 normalises each head of q and k and may have a head_dim
@@ -8,17 +11,25 @@
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
 
 use crate::batch::ForwardBatch;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::kv_pool::{KvDType, KvPool, LayerKv, TypedKv};
-use crate::random_weights::RandomWeights;
-use crate::rope::{Rope, RopeAngles, RopeLayout};
-use crate::weights::{Embedding, Linear, WeightStore, check_embedding_shape};
+use crate::kv_pool::{KvDType, KvPool};
+use crate::layers::Embedding;
+use crate::rope::{Rope, RopeLayout};
+use crate::weights::{GgufSource, RandomWeights, SafetensorsSource, TensorName, WeightSource, Weights};
 
-mod tensor_path;
+mod attention;
+mod backend;
+mod decoder_layer;
+mod gather;
+mod head;
+mod mlp;
+
+use backend::ForwardContext;
+use decoder_layer::DecoderLayer;
+use head::Head;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -50,27 +61,12 @@ impl Default for LoadOptions {
     }
 }
 
-struct DecoderLayer {
-    attn_norm: Tensor,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
-    ffn_norm: Tensor,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
 /// A loaded decoder model.
 pub struct Model {
     config: ModelConfig,
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
-    norm: Tensor,
-    lm_head: Linear,
+    head: Head,
     rope: Rope,
     threads: rayon::ThreadPool,
     notes: Vec<String>,
@@ -83,14 +79,6 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model").field("config", &self.config).finish_non_exhaustive()
     }
-}
-
-/// What the attention of one forward pass shares across layers.
-struct StepContext<'a> {
-    angles: RopeAngles,
-    slots: Vec<u32>,
-    seqs: Vec<SequenceAttention<'a>>,
-    layout: PagedLayout,
 }
 
 impl Model {
@@ -127,12 +115,12 @@ impl Model {
     }
 
     fn gguf(path: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
-        let store = WeightStore::open_gguf(path, options.dequantize_weights)?;
-        let config = ModelConfig::from_gguf(store.gguf_content().expect("a GGUF store"))?;
+        let source = GgufSource::open(path, options.dequantize_weights)?;
+        let config = ModelConfig::from_gguf(source.content())?;
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotation; Qwen keeps
         // the Hugging Face layout.
         let layout = if config.arch == Architecture::Llama { RopeLayout::Interleaved } else { RopeLayout::Neox };
-        Self::from_store(&store, config, layout, options, progress)
+        Self::from_source(&source, config, layout, options, progress)
     }
 
     fn safetensors_dir(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
@@ -140,55 +128,38 @@ impl Model {
         let text = std::fs::read_to_string(&config_path)
             .map_err(|e| ModelError::BadFile { path: config_path.clone(), message: format!("cannot read: {e}") })?;
         let config = ModelConfig::from_hf_json(&text)?;
-        let store = WeightStore::open_safetensors(dir, config.arch)?;
-        Self::from_store(&store, config, RopeLayout::Neox, options, progress)
+        let source = SafetensorsSource::open(dir, config.arch)?;
+        Self::from_source(&source, config, RopeLayout::Neox, options, progress)
     }
 
     /// A model of `config`'s shape with random weights (see [`RandomWeights`]), for speed
     /// measurements.
     pub fn random(weights: RandomWeights, options: &LoadOptions) -> Result<Self> {
         let config = weights.config().clone();
-        Self::from_store(&WeightStore::Random(weights), config, RopeLayout::Neox, options, &mut |_, _| {})
+        Self::from_source(&weights, config, RopeLayout::Neox, options, &mut |_, _| {})
     }
 
-    fn from_store(
-        store: &WeightStore,
+    fn from_source(
+        source: &dyn WeightSource,
         config: ModelConfig,
         layout: RopeLayout,
         options: &LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        let mut notes = Vec::new();
         let device = &options.device;
-        let (embedding, tied_head) = store.embedding(device, &mut notes)?;
-        check_embedding_shape(&config, &embedding)?;
-        let lm_head = match tied_head {
-            Some(head) => head,
-            None => store.linear("output", device, &mut notes)?,
-        };
+        let mut weights = Weights::new(source, device);
+        let (embedding, head) = Head::load(&config, &mut weights)?;
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.
         let mut layers = Vec::new();
         for i in 0..config.num_layers {
-            let name = |part: &str| format!("blk.{i}.{part}");
-            let qk_norm = config.arch == Architecture::Qwen3;
-            layers.push(DecoderLayer {
-                attn_norm: store.dense(&name("attn_norm.weight"), device)?,
-                q: store.linear(&name("attn_q"), device, &mut notes)?,
-                k: store.linear(&name("attn_k"), device, &mut notes)?,
-                v: store.linear(&name("attn_v"), device, &mut notes)?,
-                o: store.linear(&name("attn_output"), device, &mut notes)?,
-                q_norm: if qk_norm { Some(store.dense(&name("attn_q_norm.weight"), device)?) } else { None },
-                k_norm: if qk_norm { Some(store.dense(&name("attn_k_norm.weight"), device)?) } else { None },
-                ffn_norm: store.dense(&name("ffn_norm.weight"), device)?,
-                gate: store.linear(&name("ffn_gate"), device, &mut notes)?,
-                up: store.linear(&name("ffn_up"), device, &mut notes)?,
-                down: store.linear(&name("ffn_down"), device, &mut notes)?,
-            });
+            layers.push(DecoderLayer::load(&config, i, &mut weights)?);
             progress(i + 1, config.num_layers);
         }
-        let divisors = if store.contains("rope_freqs.weight") {
-            Some(store.dense("rope_freqs.weight", &Device::Cpu)?.to_vec1::<f32>()?)
+        // llama.cpp's converter stores Llama 3's frequency scaling as per-frequency divisors.
+        let freqs = TensorName::model("rope_freqs", "rope_freqs").weight();
+        let divisors = if weights.contains(&freqs, false) {
+            Some(weights.host_tensor(&freqs, &[config.head_dim / 2])?.to_vec1::<f32>()?)
         } else {
             None
         };
@@ -198,17 +169,15 @@ impl Model {
             .thread_name(|i| format!("radix-model-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
-        let norm = store.dense("output_norm.weight", device)?;
         let tensor_path = options.tensor_path || !device.is_cpu();
         Ok(Model {
             config,
             embedding,
             layers,
-            norm,
-            lm_head,
+            head,
             rope,
             threads,
-            notes,
+            notes: weights.into_notes(),
             device: device.clone(),
             tensor_path,
         })
@@ -283,83 +252,14 @@ impl Model {
         if batch.tokens.is_empty() {
             return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?);
         }
-        if self.tensor_path {
-            return self.threads.install(|| self.forward_tensors(batch, kv));
-        }
-        let step = StepContext {
-            angles: self.rope.angles(batch.positions()),
-            slots: batch.slots(layout.page_size),
-            seqs: batch.attention_sequences(),
-            layout,
-        };
         self.threads.install(|| {
-            let ids = Tensor::from_slice(&batch.tokens, batch.tokens.len(), &Device::Cpu)?;
+            let ctx = ForwardContext::new(&self.config, &self.rope, batch, layout, &self.device, self.tensor_path)?;
+            let ids = Tensor::from_slice(&batch.tokens, batch.tokens.len(), &self.device)?;
             let mut x = self.embedding.forward(&ids)?;
             for (layer, layer_kv) in self.layers.iter().zip(kv.layers.iter_mut()) {
-                x = self.layer_forward(layer, &x, &step, layer_kv)?;
+                x = layer.forward(&x, &ctx, layer_kv)?;
             }
-            let rows = batch.logit_rows();
-            if rows.is_empty() {
-                return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &Device::Cpu)?);
-            }
-            let rows = Tensor::from_slice(&rows, rows.len(), &Device::Cpu)?;
-            let last = x.index_select(&rows, 0)?;
-            let normed = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_norm_eps as f32)?;
-            self.lm_head.forward(&normed)
+            self.head.forward(&x, &batch.logit_rows())
         })
     }
-
-    fn layer_forward(&self, layer: &DecoderLayer, x: &Tensor, step: &StepContext, kv: &mut LayerKv) -> Result<Tensor> {
-        let c = &self.config;
-        let eps = c.rms_norm_eps as f32;
-        let n = x.dim(0)?;
-        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
-        let [mut q, mut k, v]: [Tensor; 3] =
-            Linear::forward_shared(&[&layer.q, &layer.k, &layer.v], &h)?.try_into().expect("three projections");
-        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-            q = candle_nn::ops::rms_norm(&q.reshape((n, c.num_heads, c.head_dim))?, qn, eps)?;
-            k = candle_nn::ops::rms_norm(&k.reshape((n, c.num_kv_heads, c.head_dim))?, kn, eps)?;
-        }
-        let mut q = q.flatten_all()?.to_vec1::<f32>()?;
-        let mut k = k.flatten_all()?.to_vec1::<f32>()?;
-        let v = v.flatten_all()?.to_vec1::<f32>()?;
-        self.rope.apply(&step.angles, &mut q, c.num_heads);
-        self.rope.apply(&step.angles, &mut k, c.num_kv_heads);
-
-        let mut attn = vec![0.0f32; n * c.num_heads * c.head_dim];
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let (q, k, v, out) = (&q[..], &k[..], &v[..], &mut attn[..]);
-        match kv.typed() {
-            Some(TypedKv::F32(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
-            Some(TypedKv::F16(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
-            Some(TypedKv::BF16(kc, vc)) => attend(step, c.num_heads, scale, q, k, v, kc, vc, out)?,
-            None => unreachable!("forward checked that the CPU path has a host pool"),
-        }
-        let attn = Tensor::from_vec(attn, (n, c.num_heads * c.head_dim), &Device::Cpu)?;
-        let x = (x + layer.o.forward(&attn)?)?;
-
-        let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-        let [gate, up]: [Tensor; 2] =
-            Linear::forward_shared(&[&layer.gate, &layer.up], &h)?.try_into().expect("two projections");
-        let mlp = layer.down.forward(&(gate.silu()? * up)?)?;
-        Ok((x + mlp)?)
-    }
-}
-
-/// Writes the new tokens' K/V into their slots, then attends over each sequence's context.
-#[allow(clippy::too_many_arguments)]
-fn attend<T: KvElement>(
-    step: &StepContext,
-    num_heads: usize,
-    scale: f32,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    k_cache: &mut [T],
-    v_cache: &mut [T],
-    out: &mut [f32],
-) -> Result<()> {
-    write_kv(&step.layout, k, v, &step.slots, k_cache, v_cache)?;
-    paged_attention(&step.layout, num_heads, scale, q, k_cache, v_cache, &step.seqs, out)?;
-    Ok(())
 }

@@ -1,9 +1,14 @@
 //! Rotary position embeddings at arbitrary per-token positions, applied in place.
 //!
 //! Tokens of a batch belong to different sequences at different positions, so the cos/sin rows
-//! are computed per token once per forward call and shared by every layer.
+//! are computed per token once per forward call and shared by every layer: applied in place to
+//! host rows on the CPU path, or uploaded once ([`RopeTensors`]) for candle's rotary kernels on
+//! the tensor path.
+
+use candle_core::{Device, Tensor};
 
 use crate::config::ModelConfig;
+use crate::error::Result;
 
 /// How a head's dimensions pair up for rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,5 +123,37 @@ impl Rope {
                 }
             }
         }
+    }
+}
+
+/// A batch's angles on a device, for candle's rotary kernels (the tensor path).
+#[derive(Debug, Clone)]
+pub(crate) struct RopeTensors {
+    /// `[tokens, 1, head_dim/2]`: candle's kernels take one row of angles per batch entry, and
+    /// each token is its own batch entry at its own position.
+    cos: Tensor,
+    sin: Tensor,
+    layout: RopeLayout,
+}
+
+impl RopeTensors {
+    /// Uploads `angles` to `device`.
+    pub(crate) fn new(angles: &RopeAngles, layout: RopeLayout, device: &Device) -> Result<Self> {
+        let (cos, sin, half) = angles.cos_sin();
+        let n = cos.len() / half.max(1);
+        let cos = Tensor::from_slice(cos, (n, 1, half), device)?;
+        let sin = Tensor::from_slice(sin, (n, 1, half), device)?;
+        Ok(RopeTensors { cos, sin, layout })
+    }
+
+    /// Rotates `[tokens, heads, head_dim]` by each token's angles.
+    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, heads, d) = x.dims3()?;
+        let x = x.contiguous()?.reshape((n, heads, 1, d))?;
+        let rotated = match self.layout {
+            RopeLayout::Neox => candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin)?,
+            RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)?,
+        };
+        Ok(rotated.reshape((n, heads, d))?)
     }
 }

@@ -1,0 +1,57 @@
+//! The token embedding: a table lookup, with quantized rows dequantized only for the tokens
+//! looked up (a tied output head multiplies by the same copy, so it is kept once).
+
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Tensor};
+use radix_kernels::quant::Q8_0Matrix;
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+
+/// A `[vocab, hidden]` embedding matrix in the form its source and device keep it.
+#[derive(Debug, Clone)]
+pub(crate) enum Embedding {
+    /// A dense matrix.
+    Dense(Tensor),
+    /// A quantized matrix on candle's kernels.
+    Quantized(Arc<QTensor>),
+    /// A Q8_0 matrix shared with the tied output head on our int8 kernel.
+    Q8_0(Arc<Q8_0Matrix>),
+}
+
+impl Embedding {
+    /// Looks up token ids, giving `[ids, hidden]` f32.
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Dense(w) => w.index_select(ids, 0)?.to_dtype(DType::F32)?,
+            Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
+            Embedding::Q8_0(m) => {
+                let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0.0f32; ids.len() * m.k()];
+                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
+                    m.dequantize_row(id as usize, row)?;
+                }
+                Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
+            }
+        })
+    }
+
+    /// Checks the matrix against the config, so that a wrong config fails at load with a
+    /// message rather than deep inside a matmul.
+    pub(crate) fn check_shape(&self, config: &ModelConfig) -> Result<()> {
+        let dims = match self {
+            Embedding::Dense(t) => t.dims().to_vec(),
+            Embedding::Quantized(q) => q.shape().dims().to_vec(),
+            Embedding::Q8_0(m) => vec![m.n_out(), m.k()],
+        };
+        if dims != [config.vocab_size, config.hidden_size] {
+            return Err(ModelError::Config(format!(
+                "embedding is {dims:?} but the config says vocab {} x hidden {}",
+                config.vocab_size, config.hidden_size
+            )));
+        }
+        Ok(())
+    }
+}

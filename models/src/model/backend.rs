@@ -1,0 +1,178 @@
+//! The device seam: where one forward pass keeps its rows and which attention runs, decided
+//! once when the pass starts ([`ForwardContext::new`]) and used by every layer, so each layer
+//! kind is written once for every device.
+//!
+//! - **Host** (the CPU path): K/V pages in host memory; RoPE is applied to the rows in place and
+//!   radix-kernels' `write_kv` and `paged_attention` run on the model's thread pool.
+//! - **Device** (the tensor path: CUDA, Metal, or the CPU when testing that path): K/V pages are
+//!   one tensor per layer on the model's device and RoPE runs as candle ops; attention is our
+//!   CUDA kernels on `cuda`, and elsewhere a gather of each sequence's context
+//!   ([`super::gather`]).
+//!
+//! Everything else a layer does (norms, projections, the MLP) is the same candle code on every
+//! device; only attention and the K/V write branch here.
+
+use candle_core::{Device, Tensor};
+use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
+
+use super::gather::GatherPlan;
+use crate::batch::ForwardBatch;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_pool::{LayerKv, TypedKv};
+use crate::rope::{Rope, RopeAngles, RopeTensors};
+
+/// The head geometry of the model's attention layers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    /// Query heads.
+    pub(crate) num_heads: usize,
+    /// Key/value heads.
+    pub(crate) num_kv_heads: usize,
+    /// Width of one head.
+    pub(crate) head_dim: usize,
+}
+
+/// What the attention of one forward pass shares across layers.
+pub(crate) struct ForwardContext<'a> {
+    heads: Heads,
+    /// `1 / sqrt(head_dim)`.
+    scale: f32,
+    backend: Backend<'a>,
+}
+
+/// Where the pass keeps its rows and K/V.
+enum Backend<'a> {
+    /// Host memory and radix-kernels' CPU kernels.
+    Host(HostPlan<'a>),
+    /// Tensors on the model's device.
+    Device { rope: RopeTensors, kernel: DeviceKernel },
+}
+
+/// The CPU path's per-pass inputs.
+struct HostPlan<'a> {
+    rope: &'a Rope,
+    angles: RopeAngles,
+    /// The pool slot of every new token.
+    slots: Vec<u32>,
+    seqs: Vec<SequenceAttention<'a>>,
+    layout: PagedLayout,
+}
+
+/// Which attention runs over a pool of tensors.
+enum DeviceKernel {
+    /// Our kernels over the pool in GPU memory.
+    #[cfg(feature = "cuda")]
+    Cuda(Box<radix_kernels::cuda::CudaAttentionBatch>),
+    /// Scatter the new rows into the pool, gather each context, attend with candle ops.
+    Gather(GatherPlan),
+}
+
+impl<'a> ForwardContext<'a> {
+    /// Plans a pass of `batch` over a pool of `layout`: on the host, or (`tensor_path`) with
+    /// tensors on `device`.
+    pub(crate) fn new(
+        config: &ModelConfig,
+        rope: &'a Rope,
+        batch: &'a ForwardBatch,
+        layout: PagedLayout,
+        device: &Device,
+        tensor_path: bool,
+    ) -> Result<Self> {
+        let heads = Heads { num_heads: config.num_heads, num_kv_heads: config.num_kv_heads, head_dim: config.head_dim };
+        let angles = rope.angles(batch.positions());
+        let backend = if tensor_path {
+            let kernel = DeviceKernel::plan(heads, &layout, batch, device)?;
+            Backend::Device { rope: RopeTensors::new(&angles, rope.layout(), device)?, kernel }
+        } else {
+            let (slots, seqs) = (batch.slots(layout.page_size), batch.attention_sequences());
+            Backend::Host(HostPlan { rope, angles, slots, seqs, layout })
+        };
+        Ok(ForwardContext { heads, scale: 1.0 / (config.head_dim as f32).sqrt(), backend })
+    }
+
+    /// The head geometry every attention layer of the pass has.
+    pub(crate) fn heads(&self) -> Heads {
+        self.heads
+    }
+
+    /// Rotates the new rows' `q` (`[rows, heads * head_dim]` or `[rows, heads, head_dim]`) and
+    /// `k`, writes `k` and `v` into the layer's pool, and attends over each sequence's context:
+    /// `[rows, heads * head_dim]` f32.
+    pub(crate) fn attend(&self, q: Tensor, k: Tensor, v: Tensor, kv: &mut LayerKv) -> Result<Tensor> {
+        let Heads { num_heads, num_kv_heads, head_dim } = self.heads;
+        let n = q.dim(0)?;
+        match &self.backend {
+            Backend::Host(plan) => {
+                let mut q = q.flatten_all()?.to_vec1::<f32>()?;
+                let mut k = k.flatten_all()?.to_vec1::<f32>()?;
+                let v = v.flatten_all()?.to_vec1::<f32>()?;
+                plan.rope.apply(&plan.angles, &mut q, num_heads);
+                plan.rope.apply(&plan.angles, &mut k, num_kv_heads);
+                let mut out = vec![0.0f32; n * num_heads * head_dim];
+                let (q, k, v, o) = (&q[..], &k[..], &v[..], &mut out[..]);
+                match kv.typed() {
+                    Some(TypedKv::F32(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some(TypedKv::F16(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some(TypedKv::BF16(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    None => return Err(pool_mismatch("tensors on a device", "host")),
+                }
+                Ok(Tensor::from_vec(out, (n, num_heads * head_dim), &Device::Cpu)?)
+            }
+            Backend::Device { rope, kernel } => {
+                let (k_cache, v_cache) = kv.tensors().ok_or_else(|| pool_mismatch("host memory", "tensor"))?;
+                let q = rope.apply(&q.reshape((n, num_heads, head_dim))?)?;
+                let k = rope.apply(&k.reshape((n, num_kv_heads, head_dim))?)?.reshape((n, num_kv_heads * head_dim))?;
+                let v = v.contiguous()?;
+                match kernel {
+                    #[cfg(feature = "cuda")]
+                    DeviceKernel::Cuda(batch) => {
+                        batch.write_kv(&k, &v, k_cache, v_cache)?;
+                        let q = q.reshape((n, num_heads * head_dim))?;
+                        Ok(batch.attention(&q, k_cache, v_cache, self.scale)?)
+                    }
+                    DeviceKernel::Gather(plan) => plan.attend(self.scale, &q, &k, &v, k_cache, v_cache),
+                }
+            }
+        }
+    }
+}
+
+impl HostPlan<'_> {
+    /// Writes the new tokens' K/V into their slots, then attends over each sequence's context.
+    #[allow(clippy::too_many_arguments)]
+    fn attend<T: KvElement>(
+        &self,
+        num_heads: usize,
+        scale: f32,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        k_cache: &mut [T],
+        v_cache: &mut [T],
+        out: &mut [f32],
+    ) -> Result<()> {
+        write_kv(&self.layout, k, v, &self.slots, k_cache, v_cache)?;
+        paged_attention(&self.layout, num_heads, scale, q, k_cache, v_cache, &self.seqs, out)?;
+        Ok(())
+    }
+}
+
+impl DeviceKernel {
+    /// Our CUDA kernels on a CUDA device, the gather everywhere else.
+    fn plan(heads: Heads, layout: &PagedLayout, batch: &ForwardBatch, device: &Device) -> Result<Self> {
+        let (n, slots, seqs) = (batch.tokens.len(), batch.slots(layout.page_size), batch.attention_sequences());
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            let batch =
+                radix_kernels::cuda::CudaAttentionBatch::new(device, layout, heads.num_heads, n, &seqs, &slots)?;
+            return Ok(DeviceKernel::Cuda(Box::new(batch)));
+        }
+        Ok(DeviceKernel::Gather(GatherPlan::new(heads, layout, n, &seqs, &slots, device)?))
+    }
+}
+
+/// A pool that is not where the pass runs ([`crate::Model::forward`] checks this first).
+fn pool_mismatch(pool: &str, path: &str) -> ModelError {
+    ModelError::KvPool(format!("the pool is in {pool} but the model runs the {path} path"))
+}

@@ -1,0 +1,83 @@
+//! A Hugging Face model directory's `*.safetensors` files, memory-mapped, under transformers'
+//! tensor names. Matrices are dense: f32 on the CPU (candle's matmul), and on a GPU kept in
+//! 16 bits (bf16) unless stored as f32.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::QMatMul;
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use super::{Embedded, Target, TensorName, WeightSource};
+use crate::config::Architecture;
+use crate::error::{ModelError, Result};
+use crate::layers::Weight;
+
+/// The mapped files of one model directory.
+pub(crate) struct SafetensorsSource {
+    dir: PathBuf,
+    tensors: MmapedSafetensors,
+    /// For the message of a missing tensor.
+    arch: Architecture,
+}
+
+impl SafetensorsSource {
+    /// Maps every `*.safetensors` file in `dir`.
+    pub(crate) fn open(dir: &Path, arch: Architecture) -> Result<Self> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("cannot list: {e}") })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::BadFile { path: dir.to_owned(), message: "no .safetensors files".into() });
+        }
+        // SAFETY: the files are mapped read-only; a model file changed underneath a running
+        // server is outside what we can guard against, as for every mmap-based loader.
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }
+            .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("bad safetensors: {e}") })?;
+        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, arch })
+    }
+
+    /// The tensor as stored, on `device`.
+    fn load(&self, name: &TensorName, device: &Device) -> Result<Tensor> {
+        self.tensors.load(name.hf(), device).map_err(|_| ModelError::MissingTensor {
+            path: self.dir.clone(),
+            name: name.hf().to_owned(),
+            arch: self.arch.gguf_name().to_owned(),
+        })
+    }
+
+    /// A matrix as a GPU keeps it: f32 if stored so, else bf16 (cuBLAS's fast type).
+    fn device_matrix(&self, name: &TensorName, device: &Device) -> Result<Tensor> {
+        let t = self.load(name, device)?;
+        Ok(if t.dtype() == DType::F32 { t } else { t.to_dtype(DType::BF16)? })
+    }
+}
+
+impl WeightSource for SafetensorsSource {
+    fn contains(&self, name: &TensorName, _expected: bool) -> bool {
+        self.tensors.get(name.hf()).is_ok()
+    }
+
+    fn tensor(&self, name: &TensorName, _shape: &[usize], device: &Device) -> Result<Tensor> {
+        Ok(self.load(name, &Device::Cpu)?.to_dtype(DType::F32)?.to_device(device)?)
+    }
+
+    fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
+        Ok(if to.device.is_cpu() {
+            Weight::Candle(QMatMul::Tensor(self.tensor(name, &shape, &to.device)?))
+        } else {
+            Weight::Dense(self.device_matrix(name, &to.device)?)
+        })
+    }
+
+    fn embedding(&self, name: &TensorName, shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
+        Ok(if to.device.is_cpu() {
+            Embedded::dense(self.tensor(name, &shape, &to.device)?, tied, |w| Weight::Candle(QMatMul::Tensor(w)))
+        } else {
+            Embedded::dense(self.device_matrix(name, &to.device)?, tied, Weight::Dense)
+        })
+    }
+}
