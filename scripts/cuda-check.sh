@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Compile-checks the GPU paths on a machine without a GPU, as CI does after the tests:
-#   - `cargo build` of every crate and target with feature `cuda` (candle's CUDA backend and our
-#     kernels' PTX), linked against the CUDA 13 wheels and driver stub of
-#     ../shared/cuda-ci-setup.sh;
-#   - `cargo clippy --all-features` (cuda and metal: on Linux the Metal code is compiled out, so
-#     this is also `cargo check --all-features`), warnings denied;
+#   - `cargo clippy --all-features` of every crate and target (cuda and metal: on Linux the Metal
+#     code is compiled out, so this is `cargo check` of the CUDA build, candle's CUDA backend and
+#     the build script that compiles our kernels to PTX included), warnings denied, with the
+#     CUDA 13 wheels and driver stub of ../shared/cuda-ci-setup.sh;
 #   - our PTX through ptxas for sm_80 (Ampere) and sm_90 (Hopper).
-# Nothing here runs on a GPU: benches/gpu/check.sh does that on a lent machine.
-# Cold: ~15-20 min on 2 cores (candle's kernels dominate); warm: seconds. Target directory:
-# $CUDA_TARGET_DIR, default ~/.cache/radix-serve/target-cuda.
+# No `cargo build`: linking against the driver stub proves nothing a GPU run would not, and a
+# second, codegen build of the whole tree was half of this check's cold time. The target
+# directory is the tests' own ($CARGO_TARGET_DIR, as .ci/run sets it) unless CUDA_TARGET_DIR
+# says otherwise, so every crate whose features do not change (most dependencies) is checked
+# once for both. Nothing here runs on a GPU: benches/gpu/check.sh does that on a lent machine.
+# Cold: ~10 min on 2 cores after the tests (candle's CUDA kernels through nvcc dominate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The setup lives beside the checkout (../shared), as on CI and the development machines.
@@ -21,11 +23,7 @@ fi
 # shellcheck disable=SC1090
 . "$setup"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP_BUILD:-90}"
-export CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-$HOME/.cache/radix-serve/target-cuda}"
-features=radix-serve/cuda,radix-benches/cuda,radix-models/cuda,radix-kernels/cuda
-
-echo "== cargo build --features cuda (all crates, all targets)"
-cargo build --workspace --all-targets --locked --features "$features"
+export CARGO_TARGET_DIR="${CUDA_TARGET_DIR:-${CARGO_TARGET_DIR:-$HOME/.cache/radix-serve/target}}"
 echo "== cargo clippy --all-features (cuda + metal)"
 cargo clippy --workspace --all-targets --locked --all-features -- -D warnings
 echo "== ptxas on our kernels"

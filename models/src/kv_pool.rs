@@ -1,6 +1,6 @@
 //! The paged KV pool: every layer's K and V storage for `num_pages x page_size` token slots,
 //! allocated once. Models write and read it through page tables; the engine decides which
-//! pages belong to whom (DESIGN.md §2).
+//! pages belong to whom (ARCHITECTURE.md §3).
 //!
 //! Storage is either host vectors (the CPU path) or one candle tensor per layer's K and V on a
 //! device (the tensor path: CUDA, Metal, or the CPU when testing that path). Both have the same

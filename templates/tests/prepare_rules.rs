@@ -1,4 +1,4 @@
-//! The preparation rules of DESIGN.md §4, one by one, on a template that accepts everything
+//! The preparation rules of ARCHITECTURE.md §5, one by one, on a template that accepts everything
 //! (so only the rule under test changes anything) and on the fixture templates.
 
 mod common;

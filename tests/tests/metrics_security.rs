@@ -154,6 +154,9 @@ fn metric(text: &str, line_start: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric line starting with {line_start} in:\n{text}"))
 }
 
+/// Slow (~30 s on a quiet 2-core machine, 2-3 min on a busy one): the looping template runs
+/// until minijinja's 50 M fuel is spent, and the full-queue check prefills distinct 500-word
+/// prompts one at a time on purpose. One server serves every check.
 #[test]
 fn keys_limits_loading_and_metrics() {
     let key_file = std::env::temp_dir().join(format!("radix-keys-{}.txt", std::process::id()));

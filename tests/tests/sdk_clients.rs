@@ -41,6 +41,8 @@ fn run_script(python: &str, server: &Server, script: &str) -> bool {
     out.status.success()
 }
 
+/// Slow (~15 s quiet, a minute on a busy machine): two Python interpreters import the official SDKs and run every check
+/// of their scripts against one server.
 #[test]
 fn official_python_sdks() {
     let python = sdk_python();

@@ -99,6 +99,9 @@ fn assert_turns_reuse_cache(label: &str, turns: &[(u64, u64, u64)]) {
     }
 }
 
+/// Slow (~1 min on a quiet 2-core machine, up to 5 on a busy one): it prefills agent-sized prompts
+/// (a 2,200-token system prompt in three sessions) and then 100 requests for the "cache never
+/// changes the answer" check, half of them cold by design. One server serves every check.
 #[test]
 fn chat_api_end_to_end() {
     let _one = ONE_SERVER.lock().unwrap_or_else(|e| e.into_inner());

@@ -25,6 +25,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
 use radix_kernels::quant::{Q8_0Matrix, Q8Kernel};
+use radix_models::SplitMix64;
 
 #[derive(Parser, Debug)]
 #[command(about = "Q8_0 matmul: radix-kernels vs candle on SmolLM2's shapes")]
@@ -69,15 +70,8 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()
 }
 
 fn main() -> Result<()> {

@@ -4,34 +4,32 @@
 //! Sizes are estimates (about 1.3 tokens per word of this vocabulary with the Qwen3 and SmolLM2
 //! tokenizers); the report uses the token counts the servers return, never these estimates.
 
-/// A small, fast, seedable generator (SplitMix64): the workloads must be identical for a seed on
-/// every machine and every version of the `rand` crate, so we own the algorithm.
+use radix_models::SplitMix64;
+
+/// The workspace's seeded generator ([`SplitMix64`]) with the draws the workloads use: the
+/// workloads must be identical for a seed on every machine and every version of any crate.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64::new(seed))
     }
 
     /// A generator derived from this seed and a label, so that adding a draw in one place does not
     /// shift every later piece of text.
     pub fn fork(&self, label: &str) -> Rng {
-        let mut h = self.0 ^ 0x9e37_79b9_7f4a_7c15;
+        let mut h = self.0.state() ^ 0x9e37_79b9_7f4a_7c15;
         for b in label.bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
-        Rng(h)
+        Rng::new(h)
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `lo..=hi`.
@@ -43,7 +41,7 @@ impl Rng {
     /// Log-uniform in `lo..=hi`: most values small, a few large, as tool results are.
     pub fn log_range(&mut self, lo: usize, hi: usize) -> usize {
         let (a, b) = ((lo.max(1) as f64).ln(), (hi.max(1) as f64).ln());
-        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let u = self.0.next_f64();
         ((a + u * (b - a)).exp().round() as usize).clamp(lo, hi)
     }
 

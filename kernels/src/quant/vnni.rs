@@ -15,7 +15,6 @@ use crate::cpu;
 use super::QK8_0;
 use super::matrix::{GROUP_BLOCK, ROWS};
 
-
 /// See [`super::scalar::tile`], plus each activation block's `128 * sum` (`xo`);
 /// same result bit for bit.
 ///

@@ -12,6 +12,7 @@ use super::{Embedded, Target, TensorName, WeightSource};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layers::Weight;
+use crate::rng::SplitMix64;
 
 /// The type of the random matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,10 +65,10 @@ impl RandomWeights {
             ^ name.gguf().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
         let (d, dmin) = (f16::from_f32(1e-4).to_le_bytes(), f16::from_f32(7.5e-4).to_le_bytes());
         bytes.par_chunks_mut(Q4K_BLOCK_BYTES * 1024).enumerate().for_each(|(chunk, out)| {
-            let mut state = seed ^ (chunk as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut rng = SplitMix64::new(seed ^ (chunk as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             for block in out.chunks_exact_mut(Q4K_BLOCK_BYTES) {
                 for word in block[4..].chunks_mut(8) {
-                    let r = splitmix64(&mut state).to_le_bytes();
+                    let r = rng.next_u64().to_le_bytes();
                     word.copy_from_slice(&r[..word.len()]);
                 }
                 block[..2].copy_from_slice(&d);
@@ -105,12 +106,4 @@ impl WeightSource for RandomWeights {
             RandomFormat::Q4K => Embedded::quantized(self.q4k(name, &shape, &to.device)?, tied),
         }
     }
-}
-
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }

@@ -1,4 +1,4 @@
-//! The per-request cache report (DESIGN.md §2): how much of the prompt was cached and, when
+//! The per-request cache report (ARCHITECTURE.md §3): how much of the prompt was cached and, when
 //! reuse stopped before the end of the previous version of the conversation, where (token, part
 //! of the conversation, text on each side) and why.
 //!

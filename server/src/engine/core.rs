@@ -174,7 +174,7 @@ impl EngineCore {
         let page_size = self.cache.page_size();
         for index in self.scheduler.admit(&mut self.cache) {
             let seq = &mut self.scheduler.running_mut()[index];
-            // Compares the prompt with the recently computed sequences (DESIGN.md §2: the
+            // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
             let prompt = &seq.tokens[..seq.prompt_len];
             let previous = self.recent.most_similar(prompt, page_size);

@@ -1,4 +1,4 @@
-//! The engine thread and the handle the HTTP side talks to it through (DESIGN.md §1): the
+//! The engine thread and the handle the HTTP side talks to it through (ARCHITECTURE.md §1): the
 //! engine never awaits network I/O, and the HTTP side never touches tensors.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! The engine, owned by one engine thread (DESIGN.md §1-2): each step schedules
+//! The engine, owned by one engine thread (ARCHITECTURE.md §1, §3): each step schedules
 //! (`scheduler.rs`), runs one forward pass, and postprocesses the logits (`postprocess.rs`:
 //! sampling, constraints, stop tokens and stop strings); the prefix cache (`prefix_cache.rs`
 //! over the radix tree in `radix.rs` and the page allocator in `pages.rs`) owns every page.

@@ -1,8 +1,8 @@
 //! A request's whole life in the KV cache: place its prompt (match, lock, allocate), share its
 //! prefill while it runs, grow its pages while it decodes, insert what it computed when it
-//! ends, release the rest, and evict unused cache to make room (DESIGN.md §2).
+//! ends, release the rest, and evict unused cache to make room (ARCHITECTURE.md §3).
 //!
-//! Page ownership (DESIGN.md §2 invariant 1): every page is free, in the tree, or private to
+//! Page ownership (ARCHITECTURE.md §3 invariant 1): every page is free, in the tree, or private to
 //! exactly one running sequence. A sequence's page table starts with the pages of its matched
 //! prefix (the tree's; locked while it runs) and continues with its own. Matches end on a page
 //! boundary and new tokens start there, so nobody writes into a page the tree holds.

@@ -1,5 +1,5 @@
 //! The radix tree over token ids that maps every cached prefix to the KV pages holding it,
-//! shared by all requests (DESIGN.md §2).
+//! shared by all requests (ARCHITECTURE.md §3).
 //!
 //! Matching works in whole pages: an edge always holds a multiple of `page_size` tokens, a
 //! child is found by its first page of tokens, and a prefix is only reused up to its last full

@@ -1,6 +1,7 @@
 //! Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, and a
 //! seedable random draw (same seed, same output). Temperature 0 is greedy.
 
+use radix_models::SplitMix64;
 use std::collections::HashMap;
 
 /// Sampling settings of one request (OpenAI and llama.cpp names).
@@ -77,25 +78,6 @@ impl SamplingParams {
     }
 }
 
-/// SplitMix64: small, fast, and reproducible across platforms, which is all a seeded draw needs.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// The sampler of one sequence: it remembers what was generated, for the penalties.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -118,7 +100,7 @@ impl Sampler {
             h.finish()
         });
         let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Sampler { params, rng: SplitMix64(seed), generated: HashMap::new(), seen, scratch: Vec::new() }
+        Sampler { params, rng: SplitMix64::new(seed), generated: HashMap::new(), seen, scratch: Vec::new() }
     }
 
     /// Records a generated token (whoever picked it).

@@ -1,5 +1,5 @@
 //! Message preparation: make every template accept an agent's conversation while keeping the
-//! prompt's start stable, so the radix cache keeps hitting (DESIGN.md §4).
+//! prompt's start stable, so the radix cache keeps hitting (ARCHITECTURE.md §5).
 //!
 //! The rules, applied in order:
 //! 1. `developer` messages are system messages.
