@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
-use radix_serve::api::{ApiError, ApiKeys, ApiState, HttpMetrics, router};
+use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
 use radix_templates::prepare::PreparedTemplate;
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
@@ -68,6 +68,15 @@ pub struct ServeArgs {
     /// File with API keys, one per line.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
+    /// Host names (comma-separated) accepted in the `Host` header besides IP addresses and
+    /// localhost, e.g. the name a reverse proxy or a cluster's service uses; `*` accepts any.
+    /// Other names get 403: a guard against DNS-rebinding web pages.
+    #[arg(long)]
+    allowed_hosts: Option<String>,
+    /// Origins (comma-separated `scheme://host[:port]`, or `*`) whose web pages may call the
+    /// API (CORS); none by default.
+    #[arg(long)]
+    cors_origin: Option<String>,
     /// Most requests waiting for admission; generation routes answer 503 beyond it.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
@@ -110,6 +119,7 @@ fn default_model() -> anyhow::Result<PathBuf> {
 /// Loads everything, then serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
+    let browser = BrowserPolicy::new(args.allowed_hosts.as_deref(), args.cors_origin.as_deref())?;
     // Listen before loading, so probes get an honest 503 "loading model" instead of a refused
     // connection; the same socket serves the API once the engine is ready.
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -117,6 +127,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .parse()
         .with_context(|| format!("`{}:{}` is not an address to listen on", args.host, args.port))?;
     let socket = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    if !addr.ip().is_loopback() && !api_keys.enabled() {
+        eprintln!(
+            "radix-serve: warning: listening on {addr}, beyond this machine, without an API key: anyone who \
+             can reach it can use the model and read what is cached; set --api-key"
+        );
+    }
     socket.set_nonblocking(true)?;
     let local = socket.local_addr()?;
     let (loaded, loading_server) = {
@@ -206,6 +222,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_path: files.path().display().to_string(),
         total_slots: args.parallel.max(1),
         api_keys,
+        browser,
         max_queue: args.max_queue.max(1),
         http_metrics: HttpMetrics::default(),
     });

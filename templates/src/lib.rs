@@ -17,6 +17,7 @@ mod pyvalue;
 pub mod render;
 pub mod request;
 pub mod source;
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 

@@ -75,15 +75,6 @@ impl ChatTemplate {
         Ok(ChatTemplate { inner: Arc::new(Compiled { env, source }) })
     }
 
-    /// Compiles a single template text with the given special tokens (used by tests and probes).
-    pub fn from_text(text: &str, special_tokens: BTreeMap<String, String>) -> Result<Self, TemplateError> {
-        Self::new(TemplateSource {
-            templates: BTreeMap::from([("default".to_owned(), text.to_owned())]),
-            special_tokens,
-            origin: "<inline>".into(),
-        })
-    }
-
     /// The source this template was loaded from.
     pub fn source(&self) -> &TemplateSource {
         &self.inner.source
@@ -393,7 +384,7 @@ mod limit_tests {
     use super::*;
 
     fn render(text: &str) -> Result<String, TemplateError> {
-        let template = ChatTemplate::from_text(text, BTreeMap::new()).unwrap();
+        let template = crate::testing::template_from_text(text, BTreeMap::new()).unwrap();
         let input =
             RenderInput { messages: vec![serde_json::json!({"role": "user", "content": "hi"})], ..Default::default() };
         template.render(&input)

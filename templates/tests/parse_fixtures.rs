@@ -3,7 +3,8 @@
 mod parse_common;
 
 use parse_common::*;
-use radix_templates::parse::{OutputFormat, ParseEvent, ParsedMessage, ParserOptions, StreamingParser, parse_complete};
+use radix_templates::parse::{OutputFormat, ParseEvent, ParsedMessage, ParserOptions, StreamingParser};
+use radix_templates::testing::parse_complete;
 
 #[test]
 fn fixtures_parse_as_expected() {

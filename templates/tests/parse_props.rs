@@ -5,7 +5,8 @@ mod parse_common;
 use parse_common::*;
 use proptest::prelude::*;
 use proptest::sample::Index;
-use radix_templates::parse::{OutputFormat, ParseEvent, ParsedMessage, ParserOptions, StreamingParser, parse_complete};
+use radix_templates::parse::{OutputFormat, ParseEvent, ParsedMessage, ParserOptions, StreamingParser};
+use radix_templates::testing::parse_complete;
 
 /// Random cut positions (byte offsets, moved to char boundaries by `split_at`).
 fn cuts() -> impl Strategy<Value = Vec<Index>> {

@@ -6,7 +6,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use radix_templates::{ChatTemplate, RenderInput};
+use radix_templates::RenderInput;
+use radix_templates::testing::template_from_text;
 use serde_json::Value as Json;
 
 #[test]
@@ -16,7 +17,7 @@ fn small_templates_render_as_in_jinja2() {
     assert!(cases.len() >= 10);
     for case in cases {
         let text = case["template"].as_str().unwrap();
-        let template = ChatTemplate::from_text(text, BTreeMap::new()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let template = template_from_text(text, BTreeMap::new()).unwrap_or_else(|e| panic!("{text}: {e}"));
         // Variables go in as template kwargs; a dummy message satisfies the renderer.
         let input = RenderInput {
             messages: vec![serde_json::json!({"role": "user", "content": ""})],
@@ -30,12 +31,12 @@ fn small_templates_render_as_in_jinja2() {
 
 #[test]
 fn raise_exception_and_syntax_errors_are_errors_not_panics() {
-    let raising = ChatTemplate::from_text("{{ raise_exception('no ' ~ messages[0].role) }}", BTreeMap::new()).unwrap();
+    let raising = template_from_text("{{ raise_exception('no ' ~ messages[0].role) }}", BTreeMap::new()).unwrap();
     let input = RenderInput { messages: vec![serde_json::json!({"role": "user"})], ..Default::default() };
     assert_eq!(raising.render(&input).unwrap_err().to_string(), "no user");
-    assert!(ChatTemplate::from_text("{% for %}", BTreeMap::new()).unwrap_err().to_string().contains("syntax error"));
-    let bad_strftime = ChatTemplate::from_text("{{ strftime_now('%Q%') }}", BTreeMap::new()).unwrap();
+    assert!(template_from_text("{% for %}", BTreeMap::new()).unwrap_err().to_string().contains("syntax error"));
+    let bad_strftime = template_from_text("{{ strftime_now('%Q%') }}", BTreeMap::new()).unwrap();
     assert!(bad_strftime.render(&input).is_err());
-    let date = ChatTemplate::from_text("{{ strftime_now('%Y') }}", BTreeMap::new()).unwrap().render(&input).unwrap();
+    let date = template_from_text("{{ strftime_now('%Y') }}", BTreeMap::new()).unwrap().render(&input).unwrap();
     assert_eq!(date.len(), 4, "a year: {date}");
 }

@@ -256,7 +256,9 @@ fn check_errors(server: &Server) {
     }
     let (status, body) = server.post("/v1/messages/count_tokens", &json!({"messages": [{"role": "robot"}]}));
     check("/v1/messages/count_tokens", status, &body, "bad role");
-    let raw = ureq::post(&format!("{}/v1/messages", server.base)).send_string("{not json");
+    let raw = ureq::post(&format!("{}/v1/messages", server.base))
+        .set("content-type", "application/json")
+        .send_string("{not json");
     match raw {
         Err(ureq::Error::Status(400, r)) => check("/v1/messages", 400, &r.into_json().unwrap(), "not JSON"),
         other => panic!("invalid JSON must be a 400: {other:?}"),

@@ -61,6 +61,72 @@ fn raw(server: &Server, head: &str) -> (u16, Json) {
     (status, body)
 }
 
+/// What a web page can send without a CORS preflight (a text, form or untyped body), a
+/// DNS-rebinding page's foreign `Host`, and a preflight from an origin not given with
+/// `--cors-origin` are refused; the key's scheme is case-insensitive.
+fn browser_requests_are_refused(server: &Server, bearer: &str) {
+    let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}"#;
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""] {
+        let typed = if content_type.is_empty() { String::new() } else { format!("Content-Type: {content_type}\r\n") };
+        for path in ["/v1/chat/completions", "/v1/messages"] {
+            let (status, answer) = raw(
+                server,
+                &format!(
+                    "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\n{typed}\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                ),
+            );
+            assert_openai_error(status, &answer, 415, &format!("{path} with Content-Type {content_type:?}"));
+        }
+    }
+    for host in ["evil.example", "evil.example:8080", "localhost.evil.example"] {
+        for path in ["/health", "/v1/models"] {
+            let (status, answer) = raw(
+                server,
+                &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {bearer}\r\nConnection: close\r\n\r\n"),
+            );
+            assert_openai_error(status, &answer, 403, &format!("{path} with Host {host}"));
+        }
+    }
+    let (status, _) = raw(
+        server,
+        &format!("GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: {bearer}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(status, 200, "localhost is this machine");
+    let (status, answer) = raw(
+        server,
+        "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\n\
+         Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
+    );
+    assert_openai_error(status, &answer, 403, "a preflight from a foreign origin");
+    let upper = bearer.replacen("Bearer", "BEARER", 1);
+    let (status, models) = call(
+        server,
+        "GET",
+        "/v1/models",
+        &[("Authorization", upper.as_str()), ("Origin", "http://evil.example")],
+        None,
+    );
+    assert_eq!(status, 200, "{models}");
+}
+
+/// `temperature: 1e-38` overflowed logits to NaN and drew garbage; it must answer like greedy.
+fn tiny_temperatures_are_greedy(server: &Server, bearer: &str) {
+    let auth = [("Authorization", bearer)];
+    let reply = |temperature: f64| {
+        let mut body = chat(json!([{"role": "user", "content": "Name a colour and a fruit."}]), 12);
+        body["temperature"] = json!(temperature);
+        body["seed"] = json!(5);
+        let (status, answer) = call(server, "POST", "/v1/chat/completions", &auth, Some(&body));
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+    };
+    let greedy = reply(0.0);
+    assert!(!greedy.is_empty());
+    assert_eq!(reply(1e-38), greedy);
+}
+
 /// The counts of the time-to-first-token and time-per-output-token histograms.
 fn latency_counts(server: &Server, bearer: &str) -> (f64, f64) {
     let (status, text) = call(server, "GET", "/metrics", &[("Authorization", bearer)], None);
@@ -130,7 +196,7 @@ fn every_ending_is_counted_and_timed(server: &Server, bearer: &str) {
     let mut socket = std::net::TcpStream::connect(addr).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let head = format!(
-        "POST /completion HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+        "POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{stream}",
         stream.len()
     );
@@ -231,7 +297,7 @@ fn keys_limits_loading_and_metrics() {
     let (status, answer) = raw(
         &server,
         &format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{deep}",
             deep.len()
         ),
@@ -240,7 +306,7 @@ fn keys_limits_loading_and_metrics() {
     let (status, answer) = raw(
         &server,
         &format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{{not json",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{{not json",
             9
         ),
     );
@@ -248,7 +314,7 @@ fn keys_limits_loading_and_metrics() {
     let (status, answer) = raw(
         &server,
         &format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n",
             64 << 20
         ),
@@ -263,6 +329,8 @@ fn keys_limits_loading_and_metrics() {
     assert_openai_error(status, &answer, 404, "an unknown route");
     let (status, answer) = call(&server, "GET", "/v1/chat/completions", &auth, None);
     assert_openai_error(status, &answer, 405, "GET on a POST route");
+    browser_requests_are_refused(&server, &bearer);
+    tiny_temperatures_are_greedy(&server, &bearer);
 
     // One sequence runs, one may wait: the rest are told the server is busy. Each prompt is
     // long and distinct (no cache hits), so its prefill alone outlasts the 150 ms between

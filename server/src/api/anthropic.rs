@@ -1,7 +1,8 @@
 //! The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 //!
-//! A Messages body is converted into an OpenAI chat body (anthropic_convert.rs) and prepared by
-//! chat.rs into the same generation spec, so both APIs render the same prompt and share the radix cache. Only the reply's
+//! A Messages body is read into typed structs (request/anthropic.rs), converted into the chat
+//! body (anthropic_convert.rs) and prepared by chat.rs into the same generation spec, so both
+//! APIs render the same prompt and share the radix cache. Only the reply's
 //! shape is Anthropic's: content blocks (thinking, text, tool_use), `stop_reason`, usage split
 //! into uncached `input_tokens` and `cache_read_input_tokens`, named SSE events when streaming.
 
@@ -20,6 +21,7 @@ use super::chat::{PreparedChat, prepare};
 use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::output::{Ending, Generation, Piece};
 use super::reply::unique_suffix;
+use super::request::parse_body;
 use super::{ApiError, ApiState};
 use crate::engine::Timings;
 
@@ -45,10 +47,8 @@ pub(super) async fn error_shape(request: axum::extract::Request, next: axum::mid
 
 /// Parses, converts and prepares a Messages body.
 fn read(state: &ApiState, body: &[u8], generation: bool) -> Result<PreparedChat, ApiError> {
-    let body =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let chat = to_chat_body(&body, generation).map_err(ApiError::bad_request)?;
-    let mut prepared = prepare(state, &chat)?;
+    let chat = to_chat_body(&parse_body(body)?, generation)?;
+    let mut prepared = prepare(state, chat)?;
     prepared.spec.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
     Ok(prepared)
 }

@@ -1,110 +1,107 @@
-//! Anthropic Messages request → the OpenAI chat body that the rest of the server reads
-//! (chat.rs `prepare`), so the same conversation through either API renders the same prompt
-//! and hits the same cached prefix: `tool_use` blocks become assistant `tool_calls`,
-//! `tool_result` blocks become `tool` messages, `system` becomes the leading system message.
+//! Anthropic Messages request → the chat body the rest of the server prepares (chat.rs
+//! `prepare`), so the same conversation through either API renders the same prompt and hits the
+//! same cached prefix: `tool_use` blocks become assistant `tool_calls`, `tool_result` blocks
+//! become `tool` messages, `system` becomes the leading system message.
 
 use std::io;
 
+use radix_templates::ChatRequest;
 use serde_json::{Map, Value as Json, json};
 
-/// Converts a Messages body into an OpenAI chat body. `generation` is false for
-/// `count_tokens`, which takes no `max_tokens`. The error is the message of an HTTP 400.
-pub(super) fn to_chat_body(body: &Json, generation: bool) -> Result<Json, String> {
-    let Json::Object(body) = body else {
-        return Err("the request body must be a JSON object".into());
-    };
-    let mut messages = Vec::new();
-    if let Some(system) = field(body, "system") {
-        messages.push(json!({"role": "system", "content": system_text(system)?}));
+use super::ApiError;
+use super::request::anthropic::{
+    ContentBlock, InputMessage, MessagesRequest, Role, TextBlock, TextOrBlocks, Thinking,
+    ToolChoice as AnthropicChoice, ToolSpec,
+};
+use super::request::{
+    ChatBody, ChatCompletionRequest, FunctionDefinition, GenerationFields, SamplingFields, Stops, ToolChoice,
+    ToolDefinition, typed,
+};
+
+/// Reads a Messages body into a chat body. `generation` is false for `count_tokens`, which
+/// takes no `max_tokens`. Errors are HTTP 400s that name the field.
+pub(super) fn to_chat_body(body: &Json, generation: bool) -> Result<ChatBody, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
     }
-    let input = match field(body, "messages") {
-        Some(Json::Array(input)) if !input.is_empty() => input,
-        Some(Json::Array(_)) => return Err("messages: at least one message is required".into()),
-        Some(_) => return Err("messages: must be an array of message objects".into()),
-        None => return Err("messages: Field required".into()),
-    };
-    for (i, message) in input.iter().enumerate() {
-        convert_message(i, message, &mut messages)?;
-    }
-    let mut out = Map::new();
-    // An assistant message at the end is a prefill: the reply continues it (Anthropic's semantics).
-    let prefill = input.last().and_then(|m| m.get("role")).and_then(Json::as_str) == Some("assistant");
-    out.insert("messages".into(), Json::Array(messages));
-    if prefill {
-        out.insert("add_generation_prompt".into(), json!(false));
-        out.insert("continue_final_message".into(), json!(true));
-    }
-    if let Some(tools) = field(body, "tools") {
-        out.insert("tools".into(), convert_tools(tools)?);
-    }
-    if let Some(choice) = field(body, "tool_choice") {
-        let (choice, parallel) = convert_tool_choice(choice)?;
-        out.insert("tool_choice".into(), choice);
-        if let Some(parallel) = parallel {
-            out.insert("parallel_tool_calls".into(), json!(parallel));
-        }
-    }
-    match field(body, "max_tokens") {
-        Some(n) if n.as_u64().is_some_and(|n| n >= 1) => {
-            out.insert("max_tokens".into(), n.clone());
-        }
-        Some(_) => return Err("max_tokens: must be an integer of at least 1".into()),
-        None if generation => return Err("max_tokens: Field required".into()),
-        None => {}
-    }
-    // Sampling fields mean the same in both APIs; chat.rs validates their types and ranges.
-    for name in ["temperature", "top_p", "top_k", "stream"] {
-        if let Some(value) = field(body, name) {
-            out.insert(name.into(), value.clone());
-        }
-    }
-    if let Some(stops) = field(body, "stop_sequences") {
-        if !stops.as_array().is_some_and(|a| a.iter().all(Json::is_string)) {
-            return Err("stop_sequences: must be an array of strings".into());
-        }
-        out.insert("stop".into(), stops.clone());
-    }
-    if let Some(thinking) = field(body, "thinking") {
-        let enabled = match thinking.get("type").and_then(Json::as_str) {
-            Some("enabled") => true,
-            Some("disabled") => false,
-            _ => return Err("thinking: 'type' must be 'enabled' or 'disabled'".into()),
-        };
-        out.insert("chat_template_kwargs".into(), json!({"enable_thinking": enabled}));
-    }
-    Ok(Json::Object(out))
+    let request: MessagesRequest = typed(body)?;
+    convert(request, generation).map_err(ApiError::bad_request)
 }
 
-fn field<'a>(body: &'a Map<String, Json>, name: &str) -> Option<&'a Json> {
-    body.get(name).filter(|v| !v.is_null())
+fn convert(request: MessagesRequest, generation: bool) -> Result<ChatBody, String> {
+    if request.messages.is_empty() {
+        return Err("'messages': at least one message is required".into());
+    }
+    let max_tokens = match request.max_tokens {
+        Some(0) => return Err("'max_tokens': must be an integer of at least 1".into()),
+        Some(n) => Some(n as f64),
+        None if generation => return Err("'max_tokens': Field required".into()),
+        None => None,
+    };
+    let mut messages = Vec::new();
+    if let Some(system) = request.system {
+        messages.push(json!({"role": "system", "content": system_text(system)}));
+    }
+    // An assistant message at the end is a prefill: the reply continues it (Anthropic's semantics).
+    let prefill = request.messages.last().is_some_and(|m| m.role == Role::Assistant);
+    for (i, message) in request.messages.into_iter().enumerate() {
+        convert_message(i, message, &mut messages)?;
+    }
+    let (tools, definitions) = match request.tools {
+        Some(tools) => {
+            let (tools, definitions) = convert_tools(tools)?;
+            (Some(tools), Some(definitions))
+        }
+        None => (None, None),
+    };
+    let (tool_choice, parallel_tool_calls) = request.tool_choice.map(convert_tool_choice).unzip();
+    let mut chat_template_kwargs = Map::new();
+    if let Some(thinking) = request.thinking {
+        chat_template_kwargs.insert("enable_thinking".into(), json!(thinking != Thinking::Disabled));
+    }
+    let conversation = ChatRequest {
+        messages,
+        tools,
+        chat_template_kwargs,
+        add_generation_prompt: !prefill,
+        continue_final_message: prefill,
+    };
+    let fields = ChatCompletionRequest {
+        max_tokens,
+        tools: definitions,
+        tool_choice,
+        parallel_tool_calls: parallel_tool_calls.flatten(),
+        ..ChatCompletionRequest::default()
+    };
+    // Sampling fields mean the same in both APIs; SamplingFields validates their ranges.
+    let sampling = SamplingFields {
+        temperature: request.temperature,
+        top_p: request.top_p,
+        top_k: request.top_k,
+        ..SamplingFields::default()
+    };
+    let output = GenerationFields {
+        stop: Stops(request.stop_sequences.unwrap_or_default()),
+        stream: request.stream,
+        ..GenerationFields::default()
+    };
+    Ok(ChatBody { conversation, fields, sampling, output })
+}
+
+/// The text of blocks where only text may stand, joined by `separator`.
+fn joined(content: TextOrBlocks<TextBlock>, separator: &str) -> String {
+    match content {
+        TextOrBlocks::Text(text) => text,
+        TextOrBlocks::Blocks(blocks) => {
+            blocks.into_iter().map(TextBlock::into_text).collect::<Vec<_>>().join(separator)
+        }
+    }
 }
 
 /// `system` as a string or text blocks (their `cache_control` is ignored: our cache is automatic).
 /// Blocks are joined with a blank line, as the leading system messages of a chat request are.
-fn system_text(system: &Json) -> Result<String, String> {
-    match system {
-        Json::String(s) => Ok(s.clone()),
-        Json::Array(blocks) => {
-            let texts = blocks
-                .iter()
-                .enumerate()
-                .map(|(j, b)| match block_type(b) {
-                    Some("text") => text_of(b).ok_or_else(|| format!("system[{j}].text: must be a string")),
-                    _ => Err(format!("system[{j}]: only text blocks are supported")),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(texts.join("\n\n"))
-        }
-        _ => Err("system: must be a string or an array of text blocks".into()),
-    }
-}
-
-fn block_type(block: &Json) -> Option<&str> {
-    block.get("type").and_then(Json::as_str)
-}
-
-fn text_of(block: &Json) -> Option<String> {
-    block.get("text").and_then(Json::as_str).map(str::to_owned)
+fn system_text(system: TextOrBlocks<TextBlock>) -> String {
+    joined(system, "\n\n")
 }
 
 /// One text part is a plain string (as an OpenAI client would send it); several stay parts.
@@ -116,99 +113,75 @@ fn text_content(mut texts: Vec<String>) -> Json {
     }
 }
 
-fn convert_message(i: usize, message: &Json, out: &mut Vec<Json>) -> Result<(), String> {
-    let role = match message.get("role") {
-        Some(Json::String(role)) if role == "user" || role == "assistant" => role.as_str(),
-        Some(_) => return Err(format!("messages[{i}].role: must be 'user' or 'assistant'")),
-        None if message.is_object() => return Err(format!("messages[{i}].role: Field required")),
-        None => return Err(format!("messages[{i}]: must be an object")),
+fn convert_message(i: usize, message: InputMessage, out: &mut Vec<Json>) -> Result<(), String> {
+    let role = match message.role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
     };
-    let blocks = match message.get("content") {
-        Some(Json::String(text)) => {
+    let blocks = match message.content {
+        TextOrBlocks::Text(text) => {
             out.push(json!({"role": role, "content": text}));
             return Ok(());
         }
-        Some(Json::Array(blocks)) => blocks,
-        _ => return Err(format!("messages[{i}].content: must be a string or an array of content blocks")),
+        TextOrBlocks::Blocks(blocks) => blocks,
     };
-    if role == "user" { user_blocks(i, blocks, out) } else { assistant_blocks(i, blocks, out) }
+    match message.role {
+        Role::User => user_blocks(i, blocks, out),
+        Role::Assistant => assistant_blocks(i, blocks, out),
+    }
+}
+
+fn not_here(at: &str, block: &ContentBlock) -> String {
+    let kind = match block {
+        ContentBlock::Text { .. } => "text",
+        ContentBlock::Thinking { .. } => "thinking",
+        ContentBlock::RedactedThinking => "redacted_thinking",
+        ContentBlock::ToolUse { .. } => "tool_use",
+        ContentBlock::ToolResult { .. } => "tool_result",
+    };
+    format!("{at}: content blocks of type '{kind}' are not supported here")
 }
 
 /// Text blocks make user messages; each `tool_result` becomes a `tool` message in its place.
-fn user_blocks(i: usize, blocks: &[Json], out: &mut Vec<Json>) -> Result<(), String> {
+fn user_blocks(i: usize, blocks: Vec<ContentBlock>, out: &mut Vec<Json>) -> Result<(), String> {
     let mut texts = Vec::new();
     let flush = |texts: &mut Vec<String>, out: &mut Vec<Json>| {
         if !texts.is_empty() {
             out.push(json!({"role": "user", "content": text_content(std::mem::take(texts))}));
         }
     };
-    for (j, block) in blocks.iter().enumerate() {
-        let at = format!("messages[{i}].content[{j}]");
-        match block_type(block) {
-            Some("text") => texts.push(text_of(block).ok_or_else(|| format!("{at}.text: must be a string"))?),
-            Some("tool_result") => {
+    for (j, block) in blocks.into_iter().enumerate() {
+        match block {
+            ContentBlock::Text { text } => texts.push(text),
+            ContentBlock::ToolResult { tool_use_id, content } => {
                 flush(&mut texts, out);
-                let id = block.get("tool_use_id").and_then(Json::as_str);
-                let id = id.ok_or_else(|| format!("{at}.tool_use_id: must be a string"))?;
                 // `is_error` has no OpenAI counterpart; the result text says what failed.
-                let content = tool_result_text(&at, block.get("content"))?;
-                out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+                let content = content.map(|c| joined(c, "\n")).unwrap_or_default();
+                out.push(json!({"role": "tool", "tool_call_id": tool_use_id, "content": content}));
             }
-            Some(other) => return Err(format!("{at}: content blocks of type '{other}' are not supported here")),
-            None => return Err(format!("{at}: must be an object with a string 'type'")),
+            other => return Err(not_here(&format!("messages[{i}].content[{j}]"), &other)),
         }
     }
     flush(&mut texts, out);
     Ok(())
 }
 
-fn tool_result_text(at: &str, content: Option<&Json>) -> Result<String, String> {
-    match content {
-        None | Some(Json::Null) => Ok(String::new()),
-        Some(Json::String(s)) => Ok(s.clone()),
-        Some(Json::Array(blocks)) => {
-            let texts = blocks
-                .iter()
-                .map(|b| match block_type(b) {
-                    Some("text") => text_of(b).ok_or_else(|| format!("{at}.content: text blocks need a string 'text'")),
-                    _ => Err(format!("{at}.content: only text blocks are supported in tool results")),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(texts.join("\n"))
-        }
-        Some(_) => Err(format!("{at}.content: must be a string or an array of text blocks")),
-    }
-}
-
 /// Text, thinking and `tool_use` blocks make one assistant message with content,
 /// `reasoning_content` and `tool_calls`.
-fn assistant_blocks(i: usize, blocks: &[Json], out: &mut Vec<Json>) -> Result<(), String> {
+fn assistant_blocks(i: usize, blocks: Vec<ContentBlock>, out: &mut Vec<Json>) -> Result<(), String> {
     let (mut texts, mut reasoning, mut calls) = (Vec::new(), None::<String>, Vec::new());
-    for (j, block) in blocks.iter().enumerate() {
-        let at = format!("messages[{i}].content[{j}]");
-        match block_type(block) {
-            Some("text") => texts.push(text_of(block).ok_or_else(|| format!("{at}.text: must be a string"))?),
-            Some("thinking") => {
-                let thinking = block.get("thinking").and_then(Json::as_str);
-                let thinking = thinking.ok_or_else(|| format!("{at}.thinking: must be a string"))?;
-                reasoning.get_or_insert_with(String::new).push_str(thinking);
-            }
+    for (j, block) in blocks.into_iter().enumerate() {
+        match block {
+            ContentBlock::Text { text } => texts.push(text),
+            ContentBlock::Thinking { thinking } => reasoning.get_or_insert_with(String::new).push_str(&thinking),
             // Encrypted reasoning of another model: nothing we can render.
-            Some("redacted_thinking") => {}
-            Some("tool_use") => {
-                let text = |name: &str| {
-                    block.get(name).and_then(Json::as_str).ok_or_else(|| format!("{at}.{name}: must be a string"))
-                };
-                let input = match block.get("input") {
-                    None | Some(Json::Null) => json!({}),
-                    Some(input @ Json::Object(_)) => input.clone(),
-                    Some(_) => return Err(format!("{at}.input: must be an object")),
-                };
-                calls.push(json!({"id": text("id")?, "type": "function",
-                    "function": {"name": text("name")?, "arguments": python_json(&input)}}));
+            ContentBlock::RedactedThinking => {}
+            ContentBlock::ToolUse { id, name, input } => {
+                let input = Json::Object(input.unwrap_or_default());
+                calls.push(json!({"id": id, "type": "function",
+                    "function": {"name": name, "arguments": python_json(&input)}}));
             }
-            Some(other) => return Err(format!("{at}: content blocks of type '{other}' are not supported here")),
-            None => return Err(format!("{at}: must be an object with a string 'type'")),
+            other => return Err(not_here(&format!("messages[{i}].content[{j}]"), &other)),
         }
     }
     let content = if texts.is_empty() && !calls.is_empty() { Json::Null } else { text_content(texts) };
@@ -223,46 +196,41 @@ fn assistant_blocks(i: usize, blocks: &[Json], out: &mut Vec<Json>) -> Result<()
     Ok(())
 }
 
-fn convert_tools(tools: &Json) -> Result<Json, String> {
-    let Some(tools) = tools.as_array() else {
-        return Err("tools: must be an array".into());
-    };
-    let mut out = Vec::new();
-    for (i, tool) in tools.iter().enumerate() {
+/// The client's tools in OpenAI's shape for the template, and as constrained decoding reads them.
+fn convert_tools(tools: Vec<ToolSpec>) -> Result<(Vec<Json>, Vec<ToolDefinition>), String> {
+    let mut rendered = Vec::new();
+    let mut definitions = Vec::new();
+    for (i, tool) in tools.into_iter().enumerate() {
         // Anthropic's server tools (web search, code execution, ...) run on their side: none here.
-        if block_type(tool).is_some_and(|t| t != "custom") {
+        if tool.kind.as_deref().is_some_and(|t| t != "custom") {
             continue;
         }
-        let name = tool.get("name").and_then(Json::as_str).ok_or_else(|| format!("tools[{i}].name: Field required"))?;
-        let schema = match tool.get("input_schema") {
-            Some(schema @ Json::Object(_)) => schema.clone(),
-            _ => return Err(format!("tools[{i}].input_schema: must be a JSON schema object")),
-        };
+        let name = tool.name.ok_or_else(|| format!("tools[{i}].name: Field required"))?;
+        let schema =
+            tool.input_schema.ok_or_else(|| format!("tools[{i}].input_schema: must be a JSON schema object"))?;
+        let schema = Json::Object(schema);
         let mut function = json!({"name": name});
-        if let Some(description) = tool.get("description").filter(|d| !d.is_null()) {
-            function["description"] = description.clone();
+        if let Some(description) = tool.description {
+            function["description"] = json!(description);
         }
-        function["parameters"] = schema;
-        out.push(json!({"type": "function", "function": function}));
+        function["parameters"] = schema.clone();
+        rendered.push(json!({"type": "function", "function": function}));
+        definitions.push(ToolDefinition::Function { function: FunctionDefinition { name, parameters: Some(schema) } });
     }
-    Ok(Json::Array(out))
+    Ok((rendered, definitions))
 }
 
-/// `tool_choice` in OpenAI's terms, and `parallel_tool_calls` when the client disabled them.
-fn convert_tool_choice(choice: &Json) -> Result<(Json, Option<bool>), String> {
-    let parallel = choice.get("disable_parallel_tool_use").and_then(Json::as_bool).map(|disable| !disable);
-    let openai = match block_type(choice) {
-        Some("auto") => json!("auto"),
-        Some("any") => json!("required"),
-        Some("none") => json!("none"),
-        Some("tool") => {
-            let name = choice.get("name").and_then(Json::as_str);
-            let name = name.ok_or_else(|| "tool_choice.name: Field required for type 'tool'".to_owned())?;
-            json!({"type": "function", "function": {"name": name}})
+/// `tool_choice` in OpenAI's terms, and `parallel_tool_calls` when the client said.
+fn convert_tool_choice(choice: AnthropicChoice) -> (ToolChoice, Option<bool>) {
+    let (choice, disable_parallel) = match choice {
+        AnthropicChoice::Auto { disable_parallel_tool_use } => (ToolChoice::Auto, disable_parallel_tool_use),
+        AnthropicChoice::Any { disable_parallel_tool_use } => (ToolChoice::Required, disable_parallel_tool_use),
+        AnthropicChoice::Tool { name, disable_parallel_tool_use } => {
+            (ToolChoice::Function(name), disable_parallel_tool_use)
         }
-        _ => return Err("tool_choice.type: must be one of 'auto', 'any', 'tool', 'none'".into()),
+        AnthropicChoice::None => (ToolChoice::None, None),
     };
-    Ok((openai, parallel))
+    (choice, disable_parallel.map(|disable| !disable))
 }
 
 /// JSON text as Python's `json.dumps` writes it (`", "` and `": "`): what the tool-call
@@ -289,6 +257,34 @@ fn python_json(value: &Json) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chat body as the OpenAI request it stands for, with the Messages body's error text.
+    fn to_chat_body(body: &Json, generation: bool) -> Result<Json, String> {
+        let chat = super::to_chat_body(body, generation).map_err(|e| e.message())?;
+        let mut out = chat.conversation.to_json();
+        if chat.conversation.add_generation_prompt {
+            out.as_object_mut().unwrap().remove("add_generation_prompt");
+        }
+        if !chat.conversation.continue_final_message {
+            out.as_object_mut().unwrap().remove("continue_final_message");
+        }
+        match chat.fields.tool_choice {
+            Some(ToolChoice::Function(name)) => {
+                out["tool_choice"] = json!({"type": "function", "function": {"name": name}})
+            }
+            Some(ToolChoice::Required) => out["tool_choice"] = json!("required"),
+            Some(ToolChoice::Auto) => out["tool_choice"] = json!("auto"),
+            Some(ToolChoice::None) => out["tool_choice"] = json!("none"),
+            None => {}
+        }
+        if let Some(parallel) = chat.fields.parallel_tool_calls {
+            out["parallel_tool_calls"] = json!(parallel);
+        }
+        if !chat.output.stop.0.is_empty() {
+            out["stop"] = json!(chat.output.stop.0);
+        }
+        Ok(out)
+    }
 
     #[test]
     fn a_tool_round_trip_becomes_openai_messages() {

@@ -25,6 +25,14 @@ impl ApiKeys {
     /// one key per line (blank lines and `#` comments skipped).
     pub fn load(flag: Option<&str>, file: Option<&Path>) -> anyhow::Result<Self> {
         let mut keys: Vec<String> = flag.into_iter().flat_map(|k| k.split(',')).map(str::to_owned).collect();
+        // An empty flag (a shell variable that was not set, say) must not silently leave the
+        // server open: the user asked for authentication.
+        if flag.is_some() && keys.iter().all(|k| k.trim().is_empty()) {
+            anyhow::bail!(
+                "--api-key has no usable key (it is empty or only commas and spaces): give a key, \
+                 or leave the flag out to run without authentication"
+            );
+        }
         if let Some(file) = file {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read the API key file {}", file.display()))?;
@@ -49,11 +57,8 @@ impl ApiKeys {
         if !self.enabled() {
             return true;
         }
-        let bearer = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+        let bearer =
+            headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
         let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
         let mut ok = false;
         for given in [bearer, x_api_key].into_iter().flatten() {
@@ -63,6 +68,13 @@ impl ApiKeys {
         }
         ok
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive
+/// (RFC 9110, section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Equality whose running time depends on the lengths only, not on where the bytes differ.
@@ -98,6 +110,27 @@ mod tests {
         assert!(!keys.accepts(&headers(&[("authorization", "k1")])));
         assert!(!keys.accepts(&HeaderMap::new()));
         assert!(ApiKeys::default().accepts(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let keys = ApiKeys::load(Some("k1"), None).unwrap();
+        for value in ["BEARER k1", "bearer k1", "Bearer  k1 ", "bEaReR\tk1"] {
+            assert!(keys.accepts(&headers(&[("authorization", value)])), "{value}");
+        }
+        for value in ["Basic k1", "Bearerk1", "Bearer", "Token k1"] {
+            assert!(!keys.accepts(&headers(&[("authorization", value)])), "{value}");
+        }
+    }
+
+    #[test]
+    fn a_flag_without_a_usable_key_is_refused() {
+        for flag in ["", " ", ",", " , ", ",,"] {
+            let error = ApiKeys::load(Some(flag), None).unwrap_err().to_string();
+            assert!(error.contains("--api-key has no usable key"), "{flag:?}: {error}");
+        }
+        assert!(!ApiKeys::load(None, None).unwrap().enabled(), "no flag: an open server, as asked");
+        assert!(ApiKeys::load(Some(" k , "), None).unwrap().enabled());
     }
 
     #[test]

@@ -265,7 +265,7 @@ mod tests {
 
     fn place_of(body: Json, needle: &str) -> (&'static str, Option<usize>) {
         let template = PreparedTemplate::new(
-            radix_templates::ChatTemplate::from_text(TEMPLATE, Default::default()).expect("the template compiles"),
+            radix_templates::testing::template_from_text(TEMPLATE, Default::default()).expect("the template compiles"),
         );
         let chat = ChatRequest::from_json(&body).unwrap();
         let text = template.render(&chat).unwrap();
@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(place_of(body, "<|im_start|>assistant"), ("message", Some(3)));
         let end = json!({"messages": [{"role": "user", "content": "hi"}]});
         let template = PreparedTemplate::new(
-            radix_templates::ChatTemplate::from_text(TEMPLATE, Default::default()).expect("the template compiles"),
+            radix_templates::testing::template_from_text(TEMPLATE, Default::default()).expect("the template compiles"),
         );
         let chat = ChatRequest::from_json(&end).unwrap();
         let text = template.render(&chat).unwrap();

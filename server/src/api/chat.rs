@@ -6,7 +6,6 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use radix_templates::ChatRequest;
 use radix_templates::parse::{ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
 
@@ -14,9 +13,7 @@ use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respo
 use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
 use super::reply::{created, timings_json, unique_suffix, usage};
-use super::request::{
-    ChatCompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, top_logprobs, typed,
-};
+use super::request::{ChatBody, ChatCompletionRequest, ToolChoice, check_context, parse_body, top_logprobs};
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Timings};
 
@@ -31,7 +28,8 @@ pub(super) struct PreparedChat {
 }
 
 pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let prepared = match parse_body(&body).and_then(|body| prepare(&state, &body)) {
+    let prepared = match parse_body(&body).and_then(|body| ChatBody::from_json(&body)).and_then(|b| prepare(&state, b))
+    {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -39,14 +37,11 @@ pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: B
     respond(&state, prepared.spec, wire, prepared.stream).await
 }
 
-/// Reads an OpenAI chat body and decides everything before generation (the Anthropic API
-/// converts its body to this shape and comes through here too).
-pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, ApiError> {
-    let chat = ChatRequest::from_json(body)?;
+/// Decides everything about a chat request before generation (the Anthropic API builds its
+/// [`ChatBody`] from its own body and comes through here too).
+pub(super) fn prepare(state: &ApiState, body: ChatBody) -> Result<PreparedChat, ApiError> {
+    let ChatBody { conversation: chat, fields, sampling: sampling_fields, output } = body;
     super::limits::check_roles(&chat.messages)?;
-    let fields: ChatCompletionRequest = typed(body)?;
-    let sampling_fields: SamplingFields = typed(body)?;
-    let output: GenerationFields = typed(body)?;
     if fields.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only 'n': 1 is supported"));
     }
@@ -64,9 +59,10 @@ pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, Api
     };
     let mut sampling = sampling_fields.over(&SamplingParams::default())?;
     sampling.logprobs = logprobs_setting(&fields)?;
-    let tools_enabled = chat.tools.as_ref().is_some_and(|t| !t.is_empty())
-        && fields.tool_choice.as_ref().and_then(Json::as_str) != Some("none");
+    let tools_enabled =
+        chat.tools.as_ref().is_some_and(|t| !t.is_empty()) && fields.tool_choice != Some(ToolChoice::None);
     let parser = state.format.parser_options(&prompt_text, format!("call_{}_", unique_suffix()), tools_enabled);
+    let constraint = super::constrain::chat_constraint(&fields, state.format.output, &state.tokenizer)?;
     let cache = super::cache_report::CacheContext::new(
         &state.template,
         &state.tokenizer,
@@ -82,7 +78,7 @@ pub(super) fn prepare(state: &ApiState, body: &Json) -> Result<PreparedChat, Api
         stop_tokens: state.stop_tokens.clone(),
         stop_strings: output.stop.0.clone(),
         use_cache: output.use_cache(),
-        constraint: super::constrain::chat_constraint(body, state.format.output, &state.tokenizer)?,
+        constraint,
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

@@ -15,6 +15,7 @@ use radix_templates::parse::OutputFormat;
 use serde_json::{Value as Json, json};
 
 use super::ApiError;
+use super::request::{ChatCompletionRequest, ResponseFormat, ToolChoice, ToolDefinition};
 use crate::engine::{Constraint, ConstraintFactory};
 
 /// One declared function.
@@ -76,101 +77,64 @@ fn closed_objects(mut schema: Json) -> Json {
     schema
 }
 
-fn field<'a>(body: &'a Json, name: &str) -> Option<&'a Json> {
-    body.get(name).filter(|v| !v.is_null())
-}
-
-fn tools(body: &Json) -> Result<Vec<Tool>, ApiError> {
-    let Some(list) = field(body, "tools") else { return Ok(Vec::new()) };
-    let list = list.as_array().ok_or_else(|| ApiError::bad_request("'tools' must be an array"))?;
+fn tools(fields: &ChatCompletionRequest) -> Result<Vec<Tool>, ApiError> {
+    let Some(list) = &fields.tools else { return Ok(Vec::new()) };
     list.iter()
         .enumerate()
-        .map(|(i, tool)| {
-            let function = tool
-                .get("function")
-                .filter(|_| tool.get("type").and_then(Json::as_str) == Some("function"))
-                .ok_or_else(|| ApiError::bad_request(format!("tools[{i}] must be {{\"type\": \"function\", ...}}")))?;
-            let name =
-                function.get("name").and_then(Json::as_str).filter(|n| !n.is_empty()).ok_or_else(|| {
-                    ApiError::bad_request(format!("tools[{i}].function.name must be a non-empty string"))
-                })?;
-            let parameters = match field(function, "parameters") {
+        .map(|(i, ToolDefinition::Function { function })| {
+            if function.name.is_empty() {
+                return Err(ApiError::bad_request(format!("tools[{i}].function.name must be a non-empty string")));
+            }
+            let parameters = match &function.parameters {
                 None => json!({"type": "object"}),
                 Some(p) if p.is_object() => closed_objects(p.clone()),
                 Some(_) => {
                     return Err(ApiError::bad_request(format!("tools[{i}].function.parameters must be a JSON schema")));
                 }
             };
-            Ok(Tool { name: name.to_owned(), parameters })
+            Ok(Tool { name: function.name.clone(), parameters })
         })
         .collect()
 }
 
 /// The schema `response_format` asks for, if any.
-fn response_schema(body: &Json) -> Result<Option<Json>, ApiError> {
-    let Some(format) = field(body, "response_format") else { return Ok(None) };
-    match format.get("type").and_then(Json::as_str) {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(json!({"type": "object"}))),
-        Some("json_schema") => {
-            let spec = field(format, "json_schema")
-                .filter(|s| s.is_object())
-                .ok_or_else(|| ApiError::bad_request("response_format.json_schema must be an object"))?;
-            match field(spec, "schema") {
-                None => Ok(Some(json!({}))),
-                Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(schema.clone())),
-                Some(_) => Err(ApiError::bad_request("response_format.json_schema.schema must be a JSON schema")),
-            }
-        }
-        _ => Err(ApiError::bad_request("response_format.type must be \"text\", \"json_object\" or \"json_schema\"")),
+fn response_schema(fields: &ChatCompletionRequest) -> Result<Option<Json>, ApiError> {
+    match &fields.response_format {
+        None | Some(ResponseFormat::Text) => Ok(None),
+        Some(ResponseFormat::JsonObject) => Ok(Some(json!({"type": "object"}))),
+        Some(ResponseFormat::JsonSchema { json_schema }) => match &json_schema.schema {
+            None => Ok(Some(json!({}))),
+            Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(schema.clone())),
+            Some(_) => Err(ApiError::bad_request("response_format.json_schema.schema must be a JSON schema")),
+        },
     }
 }
 
 /// Reads the request's constraint fields; `None` when the reply is free.
-fn shape(body: &Json) -> Result<Option<Shape>, ApiError> {
-    let tools = tools(body)?;
-    let parallel = match field(body, "parallel_tool_calls") {
-        None => true,
-        Some(v) => v.as_bool().ok_or_else(|| ApiError::bad_request("'parallel_tool_calls' must be a boolean"))?,
-    };
-    let schema = response_schema(body)?;
+fn shape(fields: &ChatCompletionRequest) -> Result<Option<Shape>, ApiError> {
+    let tools = tools(fields)?;
+    let parallel = fields.parallel_tool_calls.unwrap_or(true);
+    let schema = response_schema(fields)?;
     let no_tools =
         |choice: &str| ApiError::bad_request(format!("tool_choice {choice} needs a non-empty 'tools' array"));
-    let calls = match field(body, "tool_choice") {
-        None => None,
-        Some(Json::String(s)) if s == "none" => return Ok(schema.map(Shape::Json)),
-        Some(Json::String(s)) if s == "auto" => None,
-        Some(Json::String(s)) if s == "required" => {
+    let calls = match &fields.tool_choice {
+        None | Some(ToolChoice::Auto) => None,
+        Some(ToolChoice::None) => return Ok(schema.map(Shape::Json)),
+        Some(ToolChoice::Required) => {
             if tools.is_empty() {
                 return Err(no_tools("\"required\""));
             }
             Some(Shape::Calls { tools: tools.clone(), parallel })
         }
-        Some(choice @ Json::Object(_)) => {
-            let name = choice
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .and_then(Json::as_str)
-                .filter(|_| choice.get("type").and_then(Json::as_str) == Some("function"))
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "tool_choice must be \"none\", \"auto\", \"required\" or \
-                         {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                    )
-                })?;
+        Some(ToolChoice::Function(name)) => {
             if tools.is_empty() {
                 return Err(no_tools("naming a function"));
             }
-            let tool = tools.iter().find(|t| t.name == name).ok_or_else(|| {
+            let tool = tools.iter().find(|t| &t.name == name).ok_or_else(|| {
                 ApiError::bad_request(format!("tool_choice names the function {name:?}, which is not in 'tools'"))
             })?;
             // A named function is one call to it, as OpenAI does.
             Some(Shape::Calls { tools: vec![tool.clone()], parallel: false })
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}",
-            ));
         }
     };
     Ok(match (calls, schema) {
@@ -213,8 +177,8 @@ fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<St
 }
 
 /// The Lark grammar the reply must match, or `None` when it is free.
-fn grammar(body: &Json, format: OutputFormat) -> Result<Option<String>, ApiError> {
-    let Some(shape) = shape(body)? else { return Ok(None) };
+fn grammar(fields: &ChatCompletionRequest, format: OutputFormat) -> Result<Option<String>, ApiError> {
+    let Some(shape) = shape(fields)? else { return Ok(None) };
     Ok(Some(match shape {
         Shape::Json(schema) => format!("start: %json {}\n", compact(schema)),
         Shape::Calls { tools, parallel } => format!("start: calls\n{}", call_rules(&tools, parallel, format)?),
@@ -229,11 +193,11 @@ fn grammar(body: &Json, format: OutputFormat) -> Result<Option<String>, ApiError
 /// The constraint a chat request asks for (HTTP 400 for a malformed field or a schema the
 /// grammar engine rejects), or `None` when the reply is free text.
 pub(super) fn chat_constraint(
-    body: &Json,
+    fields: &ChatCompletionRequest,
     format: OutputFormat,
     tokenizer: &Arc<Tokenizer>,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some(grammar) = grammar(body, format)? else { return Ok(None) };
+    let Some(grammar) = grammar(fields, format)? else { return Ok(None) };
     let factory = ConstraintFactory::shared(tokenizer).map_err(ApiError::internal)?;
     factory
         .lark(&grammar)

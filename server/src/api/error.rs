@@ -25,12 +25,17 @@ pub enum ApiError {
     },
     /// 401: no API key or a wrong one.
     Unauthorized,
+    /// 403: a request this server does not serve (a foreign `Host` or CORS origin); the
+    /// message says which flag allows it.
+    Forbidden(String),
     /// 404: no such route.
     NotFound,
     /// 405: the route takes another method.
     MethodNotAllowed,
     /// 413: the body is over the limit of this many bytes.
     TooLarge(usize),
+    /// 415: a body whose content type (named) is not JSON.
+    UnsupportedMediaType(String),
     /// Another client error made in front of the handlers (axum's 415, ...).
     Rejected(StatusCode, String),
     /// 503: this many requests wait for admission, at the `--max-queue` limit.
@@ -76,9 +81,11 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Rejected(status, _) => *status,
             ApiError::Busy { .. } | ApiError::Loading | ApiError::NoSlot => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -121,6 +128,7 @@ impl ApiError {
             403 => "permission_error",
             404 => "not_found_error",
             413 => "request_too_large",
+            415 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "overloaded_error",
             _ => "api_error",
@@ -146,9 +154,10 @@ impl ApiError {
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ApiError::BadRequest(message) | ApiError::Rejected(_, message) | ApiError::Internal(message) => {
-                f.write_str(message)
-            }
+            ApiError::BadRequest(message)
+            | ApiError::Forbidden(message)
+            | ApiError::Rejected(_, message)
+            | ApiError::Internal(message) => f.write_str(message),
             ApiError::ContextTooLong { context, prompt_tokens, what } => write!(
                 f,
                 "This model's maximum context length is {context} tokens. However, your {what} resulted in \
@@ -160,6 +169,11 @@ impl fmt::Display for ApiError {
             ApiError::NotFound => f.write_str("no such route"),
             ApiError::MethodNotAllowed => f.write_str("method not allowed on this route"),
             ApiError::TooLarge(limit) => write!(f, "the request body is larger than the limit of {limit} bytes"),
+            ApiError::UnsupportedMediaType(content_type) => write!(
+                f,
+                "the body must be JSON sent with `Content-Type: application/json` (got {content_type:?}); \
+                 other types are refused so that web pages cannot post to this server"
+            ),
             ApiError::Busy { queued, max_queue } => write!(
                 f,
                 "the server is busy: {queued} requests are already waiting (--max-queue {max_queue}); retry later"

@@ -6,6 +6,7 @@
 mod anthropic;
 mod anthropic_convert;
 mod auth;
+mod browser;
 mod cache_report;
 mod chat;
 mod completions;
@@ -34,6 +35,7 @@ use serde_json::json;
 
 use crate::engine::EngineHandle;
 pub use auth::ApiKeys;
+pub use browser::BrowserPolicy;
 pub use error::ApiError;
 pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
@@ -60,6 +62,8 @@ pub struct ApiState {
     pub total_slots: usize,
     /// Keys every route but `/health` requires (`--api-key`, `--api-key-file`); none: open.
     pub api_keys: ApiKeys,
+    /// Which `Host` names and CORS origins are served (`--allowed-hosts`, `--cors-origin`).
+    pub browser: BrowserPolicy,
     /// Most requests waiting for admission before generation routes answer 503 (`--max-queue`).
     pub max_queue: usize,
     /// Requests answered, by route and status (`/metrics`).
@@ -67,13 +71,19 @@ pub struct ApiState {
 }
 
 /// The router with every route, in groups that carry their own guards: `/health` open for
-/// probes; every other route behind the API key and the body limits; the routes that queue work
-/// on the engine also behind the queue limit; the Anthropic routes answering errors in
-/// Anthropic's shape. Layers run outermost last-added.
+/// probes (but for the `Host` check); every other route behind the `Host` check, the API key,
+/// the JSON content type and the body limits; the routes that queue work on the engine also
+/// behind the queue limit; the Anthropic routes answering errors in Anthropic's shape; CORS
+/// around everything, since preflights carry no key. Layers run outermost last-added.
 pub fn router(state: Arc<ApiState>) -> Router {
     let queue_limit = || from_fn_with_state(Arc::clone(&state), limits::limit_queue);
+    let host_check = || from_fn_with_state(Arc::clone(&state), browser::check_host);
     let guarded = |routes: Router<Arc<ApiState>>| {
-        routes.layer(from_fn(limits::read_body)).layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
+        routes
+            .layer(from_fn(limits::read_body))
+            .layer(from_fn(browser::require_json))
+            .layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
+            .layer(host_check())
     };
     let generation = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -92,10 +102,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let anthropic = guarded(anthropic).layer(from_fn(limits::json_errors)).layer(from_fn(anthropic::error_shape));
     Router::new()
         .route("/health", get(health))
+        .route_layer(host_check())
         .merge(guarded(openai))
         .merge(anthropic)
         .layer(from_fn(limits::json_errors))
         .layer(from_fn_with_state(Arc::clone(&state), metrics::count_requests))
+        .layer(from_fn_with_state(Arc::clone(&state), browser::cors))
         .with_state(state)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
 }

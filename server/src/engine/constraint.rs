@@ -102,9 +102,42 @@ impl ConstraintFactory {
         let parser = self.factory.create_parser(grammar).map_err(|e| format!("invalid grammar: {e}"))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(format!("invalid grammar: {e}"));
+            return Err(format!("invalid grammar: {}", first_line(&e)));
         }
+        probe(&matcher).map_err(|e| format!("the grammar cannot be applied: {}", first_line(&e)))?;
         Ok(Constraint { matcher: Box::new(matcher), vocab_size: self.vocab_size })
+    }
+}
+
+/// Runs the first step of generation on a copy of `matcher`: its first mask, then its lowest
+/// allowed token that is not EOS. Some grammars compile and then fail right there (recursive
+/// `$ref`s, huge repeats or constants past the parser's limits); found here, that is the
+/// client's 400 before anything is sent, not a failure on the engine thread after the first
+/// chunk.
+fn probe(matcher: &Matcher) -> Result<(), String> {
+    let mut probe = matcher.deep_clone();
+    let mask = probe.compute_mask().map_err(|e| e.to_string())?;
+    let eos = probe.tok_env().map(|env| env.tok_trie().eos_token()).ok();
+    let mut first = None;
+    mask.iter_set_entries(|id| {
+        if first.is_none() && Some(id as TokenId) != eos {
+            first = Some(id as TokenId);
+        }
+    });
+    if let Some(token) = first {
+        probe.consume_token(token).map_err(|e| e.to_string())?;
+        probe.compute_mask().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The first line of a grammar engine's error, at most 300 characters: its later lines dump
+/// the parser's state, which is no use to a client.
+fn first_line(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default();
+    match line.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line.to_owned(),
     }
 }
 

@@ -88,6 +88,10 @@ impl Postprocess {
             }
         }
         let mut logits_row = (logits.row)(row).map_err(|e| format!("cannot read logits: {e}"))?;
+        // A broken forward must fail its request, not sample a garbage token from NaN.
+        if let Some(bad) = logits_row.iter().find(|l| l.is_nan() || **l == f32::INFINITY) {
+            return Err(format!("the model produced a non-finite logit ({bad}) for this sequence"));
+        }
         // Logprobs are the model's distribution, before masks and penalties change the row.
         let raw = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
         if let Some(constraint) = seq.request.constraint.as_mut() {

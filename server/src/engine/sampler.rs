@@ -78,6 +78,10 @@ impl SamplingParams {
     }
 }
 
+/// Temperatures below this sample greedily: the distribution is one-hot long before, and dividing
+/// logits by a smaller one overflows f32 to infinity and the softmax to NaN (vLLM's threshold).
+pub const GREEDY_BELOW_TEMPERATURE: f32 = 1e-5;
+
 /// The sampler of one sequence: it remembers what was generated, for the penalties.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -111,17 +115,21 @@ impl Sampler {
         }
     }
 
-    /// Whether [`sample`](Self::sample) is a bare argmax: temperature 0 and no penalty, so the
+    /// Whether [`sample`](Self::sample) is a bare argmax: greedy and no penalty, so the
     /// largest logit can be found where the logits are (on a GPU) without copying them back.
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        self.is_greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
+    fn is_greedy(&self) -> bool {
+        self.params.temperature < GREEDY_BELOW_TEMPERATURE
     }
 
     /// Picks the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);
-        if self.params.temperature == 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         let p = &self.params;
@@ -147,6 +155,10 @@ impl Sampler {
         let max = candidates[0].1 as f64;
         let mut probs: Vec<f64> = candidates.iter().map(|c| (c.1 as f64 - max).exp()).collect();
         let total: f64 = probs.iter().sum();
+        if !total.is_finite() {
+            // Scaled logits beyond f32 (a tiny temperature over huge logits): the top one wins.
+            return candidates[0].0;
+        }
         probs.iter_mut().for_each(|x| *x /= total);
         let mut keep = probs.len();
         if p.top_p < 1.0 {
@@ -216,6 +228,21 @@ mod tests {
     fn greedy_takes_the_first_maximum() {
         let mut s = Sampler::new(params(0.0), &[]);
         assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn temperatures_below_the_floor_are_greedy() {
+        let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.77).cos() * 30.0).collect();
+        let best = argmax(&logits);
+        for temperature in [1e-38, 1e-30, 1e-6, f32::MIN_POSITIVE] {
+            let mut s = Sampler::new(SamplingParams { seed: Some(3), ..params(temperature) }, &[]);
+            assert!(s.is_plain_greedy(), "{temperature}");
+            assert!((0..50).all(|_| s.sample(&mut logits.clone()) == best), "{temperature}");
+        }
+        // Just above the floor, logits near f32's limit still give the top token, not NaN's pick.
+        let mut huge = vec![-3.0e38f32, 3.0e38, 1.0e38];
+        let mut s = Sampler::new(params(GREEDY_BELOW_TEMPERATURE), &[]);
+        assert_eq!(s.sample(&mut huge), 1);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Parsing of generated model text into OpenAI message parts: content, reasoning and tool
-//! calls, for a whole reply ([`parse_complete`]) and incrementally while streaming
+//! calls, for a whole reply ([`crate::testing::parse_complete`]) and incrementally while streaming
 //! ([`StreamingParser`]).
 //!
 //! # Guarantees
 //!
 //! * **Chunking independence.** For every way of splitting a reply into `push` calls,
 //!   `ParsedMessage::from_events(events of all pushes ++ finish())` is the same message, and
-//!   [`parse_complete`] is defined as exactly that. The parser only decides something once
+//!   [`crate::testing::parse_complete`] is defined as exactly that. The parser only decides something once
 //!   the text seen so far determines it; everything else is held back.
 //! * **No partial markers.** A suffix that could still become a marker (`<think>`,
 //!   `</think>`, `<tool_call>`, `</tool_call>` for [`OutputFormat::Hermes`],
@@ -186,15 +186,6 @@ pub enum ParseEvent {
         /// Argument text to append.
         delta: String,
     },
-}
-
-/// Parses a whole reply. Equals `ParsedMessage::from_events` of a fresh
-/// [`StreamingParser`]'s `push(text)` followed by `finish()`, for any chunking of `text`.
-pub fn parse_complete(opts: &ParserOptions, text: &str) -> ParsedMessage {
-    let mut parser = StreamingParser::new(opts.clone());
-    let mut events = parser.push(text);
-    events.extend(parser.finish());
-    ParsedMessage::from_events(events)
 }
 
 impl ParsedMessage {

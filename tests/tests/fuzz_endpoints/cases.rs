@@ -236,6 +236,7 @@ fn targeted(kind: Kind, rng: &mut Rng) -> (&'static str, Json) {
         ("temperature", json!(-1)),
         ("temperature", json!(1e9)),
         ("temperature", json!("hot")),
+        ("temperature", json!(1e-38)),
         ("top_p", json!(2)),
         ("top_p", json!(-1)),
         ("top_p", json!(0)),
@@ -488,7 +489,7 @@ fn json_case(path: &'static str, kind: Kind, body: &Json) -> Case {
 /// Broken bytes: truncated or non-UTF-8 JSON, empty, wrong content type, too deep, not objects.
 fn malformed(path: &'static str, kind: Kind, rng: &mut Rng) -> Case {
     let valid = serde_json::to_vec(&valid_body(kind)).unwrap();
-    let (content_type, body) = match rng.below(9) {
+    let (content_type, body) = match rng.below(10) {
         0 => ("application/json", valid[..rng.below(valid.len())].to_vec()),
         1 => {
             let mut b = valid.clone();
@@ -502,6 +503,8 @@ fn malformed(path: &'static str, kind: Kind, rng: &mut Rng) -> Case {
         5 => ("application/json", format!("{}1{}", "[".repeat(300), "]".repeat(300)).into_bytes()),
         6 => ("application/json", rng.pick(&["null", "[]", "\"s\"", "5", "{}", "{\"a\":", "}{"]).as_bytes().to_vec()),
         7 => ("application/json", [b"\xef\xbb\xbf".as_slice(), &valid].concat()),
+        // What a web page posts without a CORS preflight: valid JSON as text (refused, 415).
+        8 => ("text/plain;charset=UTF-8", valid.clone()),
         _ => ("application/json", [valid.as_slice(), b"garbage"].concat()),
     };
     Case { path, kind, content_type, body }

@@ -2,6 +2,7 @@ use radix_templates::parse::{ParserOptions, StreamingParser};
 use serde_json::{Value as Json, json};
 
 use super::*;
+use crate::api::request::typed;
 use crate::engine::constraint::testing::{smollm2, walk};
 
 fn weather() -> Json {
@@ -17,6 +18,20 @@ fn clock() -> Json {
     json!({"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": false
     }}})
+}
+
+/// The grammar of a chat body, read as the server reads it.
+fn grammar(body: &Json, format: OutputFormat) -> Result<Option<String>, ApiError> {
+    super::grammar(&typed(body)?, format)
+}
+
+/// The constraint of a chat body, read as the server reads it.
+fn chat_constraint(
+    body: &Json,
+    format: OutputFormat,
+    tokenizer: &Arc<Tokenizer>,
+) -> Result<Option<Constraint>, ApiError> {
+    super::chat_constraint(&typed(body)?, format, tokenizer)
 }
 
 fn status(result: Result<Option<String>, ApiError>) -> u16 {
@@ -121,6 +136,28 @@ fn a_schema_the_engine_rejects_is_400() {
     let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}});
     let e = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap_err();
     assert_eq!(e.status().as_u16(), 400, "{}", e.message());
+}
+
+/// Schemas that compile but fail on the first token (found by probing the server) are 400s
+/// with a short message, decided before generation starts.
+#[test]
+fn hostile_schemas_are_400_before_generation() {
+    let tokenizer = smollm2();
+    let schemas = [
+        json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        json!({"$defs": {"n": {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}}, "required": ["x"]}},
+               "$ref": "#/$defs/n"}),
+        json!({"type": "string", "pattern": "^a{1000000}$"}),
+        json!({"const": "x".repeat(1 << 20)}),
+    ];
+    for (i, schema) in schemas.into_iter().enumerate() {
+        let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}});
+        let Err(error) = chat_constraint(&body, OutputFormat::Hermes, &tokenizer) else {
+            panic!("schema {i} was accepted");
+        };
+        assert_eq!(error.status().as_u16(), 400, "schema {i}: {}", error.message());
+        assert!(error.message().len() < 500 && !error.message().contains('\n'), "schema {i}: {}", error.message());
+    }
 }
 
 #[test]

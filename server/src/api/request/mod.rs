@@ -3,6 +3,7 @@
 //! send it; unknown fields are ignored, as OpenAI does; a field of the wrong type is a 400 that
 //! names the field.
 
+pub(crate) mod anthropic;
 mod llama;
 mod openai;
 mod prompt;
@@ -14,7 +15,9 @@ use serde_json::Value as Json;
 
 use super::ApiError;
 pub(crate) use llama::{DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest};
-pub(crate) use openai::{ChatCompletionRequest, CompletionRequest};
+pub(crate) use openai::{
+    ChatBody, ChatCompletionRequest, CompletionRequest, FunctionDefinition, ResponseFormat, ToolChoice, ToolDefinition,
+};
 pub(crate) use prompt::{prompt_tokens, token_id};
 pub(crate) use sampling::SamplingFields;
 
@@ -67,11 +70,11 @@ pub(crate) struct GenerationFields {
     #[serde(default)]
     pub(crate) stop: Stops,
     /// Stream server-sent events.
-    stream: Option<bool>,
+    pub(crate) stream: Option<bool>,
     /// OpenAI's streaming options.
-    stream_options: Option<StreamOptions>,
+    pub(crate) stream_options: Option<StreamOptions>,
     /// Reuse cached prefixes (llama.cpp's name; default true).
-    cache_prompt: Option<bool>,
+    pub(crate) cache_prompt: Option<bool>,
 }
 
 impl GenerationFields {
@@ -93,7 +96,7 @@ impl GenerationFields {
 
 /// OpenAI's `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
-struct StreamOptions {
+pub(crate) struct StreamOptions {
     /// Send a last chunk with the usage.
     include_usage: Option<bool>,
 }

@@ -1,12 +1,42 @@
 //! OpenAI's request bodies: chat completions and (legacy) text completions.
 
+use radix_templates::ChatRequest;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use super::super::ApiError;
+use super::{GenerationFields, SamplingFields, typed};
+
+/// A chat completion body, read once: the conversation as the template sees it (messages and
+/// tools as sent, since templates read any field of them) and every field the server acts on.
+/// The Anthropic API builds one of these from its own body, so both APIs prepare alike.
+#[derive(Debug, Clone)]
+pub(crate) struct ChatBody {
+    /// Messages, tools and template options.
+    pub(crate) conversation: ChatRequest,
+    /// The chat-specific fields.
+    pub(crate) fields: ChatCompletionRequest,
+    /// Sampling settings.
+    pub(crate) sampling: SamplingFields,
+    /// Stop strings, streaming, cache use.
+    pub(crate) output: GenerationFields,
+}
+
+impl ChatBody {
+    /// Reads a parsed `POST /v1/chat/completions` body; errors name the field.
+    pub(crate) fn from_json(body: &Json) -> Result<Self, ApiError> {
+        Ok(ChatBody {
+            conversation: ChatRequest::from_json(body)?,
+            fields: typed(body)?,
+            sampling: typed(body)?,
+            output: typed(body)?,
+        })
+    }
+}
+
 /// The fields of `POST /v1/chat/completions` read here; the messages, tools and template
-/// options are read by `radix_templates::ChatRequest`, the constraint fields by
-/// api/constrain.rs, the sampling and output fields by [`super::SamplingFields`] and
-/// [`super::GenerationFields`].
+/// options as the template sees them are read by `radix_templates::ChatRequest`, the sampling
+/// and output fields by [`super::SamplingFields`] and [`super::GenerationFields`].
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct ChatCompletionRequest {
     /// Choices per request; only 1.
@@ -19,10 +49,93 @@ pub(crate) struct ChatCompletionRequest {
     pub(crate) logprobs: Option<bool>,
     /// Alternatives per token (with `logprobs`).
     pub(crate) top_logprobs: Option<i64>,
-    /// `"none"` turns tool-call parsing off.
-    pub(crate) tool_choice: Option<Json>,
+    /// The declared tools, as constrained decoding reads them.
+    pub(crate) tools: Option<Vec<ToolDefinition>>,
+    /// Whether and which tool must be called; `"none"` also turns tool-call parsing off.
+    pub(crate) tool_choice: Option<ToolChoice>,
+    /// Several calls in one reply (default true).
+    pub(crate) parallel_tool_calls: Option<bool>,
+    /// The shape of a reply that is not a tool call.
+    pub(crate) response_format: Option<ResponseFormat>,
     /// Return the cache report in the body.
     pub(crate) cache_report: Option<bool>,
+}
+
+/// One entry of `tools`: only functions exist in the chat API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum ToolDefinition {
+    /// `{"type": "function", "function": {...}}`.
+    Function {
+        /// The function.
+        function: FunctionDefinition,
+    },
+}
+
+/// A function a reply may call.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct FunctionDefinition {
+    /// Its name, as a call names it.
+    pub(crate) name: String,
+    /// The JSON schema of its arguments (default: any object).
+    pub(crate) parameters: Option<Json>,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ToolChoice {
+    /// Call nothing; tool-call parsing is off.
+    None,
+    /// The model decides.
+    Auto,
+    /// At least one call to one of the tools.
+    Required,
+    /// One call to this function.
+    Function(String),
+}
+
+const TOOL_CHOICE_FORMS: &str =
+    "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}";
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let named = |choice: &Json| {
+            let is_function = choice.get("type").and_then(Json::as_str) == Some("function");
+            let name = choice.get("function").and_then(|f| f.get("name")).and_then(Json::as_str);
+            name.filter(|_| is_function).map(|name| ToolChoice::Function(name.to_owned()))
+        };
+        let choice = Json::deserialize(deserializer)?;
+        match &choice {
+            Json::String(s) if s == "none" => Ok(ToolChoice::None),
+            Json::String(s) if s == "auto" => Ok(ToolChoice::Auto),
+            Json::String(s) if s == "required" => Ok(ToolChoice::Required),
+            Json::Object(_) => named(&choice).ok_or_else(|| D::Error::custom(TOOL_CHOICE_FORMS)),
+            _ => Err(D::Error::custom(TOOL_CHOICE_FORMS)),
+        }
+    }
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum ResponseFormat {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON document valid under a schema.
+    JsonSchema {
+        /// The named schema.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct JsonSchemaFormat {
+    /// The schema (default: anything).
+    pub(crate) schema: Option<Json>,
 }
 
 /// The fields of `POST /v1/completions` read here; the prompt is read by

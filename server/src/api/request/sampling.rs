@@ -8,17 +8,24 @@ use crate::engine::SamplingParams;
 /// The sampling fields of a body; each overrides the endpoint's default.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct SamplingFields {
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    top_k: Option<f64>,
-    min_p: Option<f64>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
+    /// Softmax temperature; 0 is greedy.
+    pub(crate) temperature: Option<f64>,
+    /// Nucleus mass kept.
+    pub(crate) top_p: Option<f64>,
+    /// Candidates kept; 0 or less: all.
+    pub(crate) top_k: Option<f64>,
+    /// Candidates below this fraction of the best one are dropped.
+    pub(crate) min_p: Option<f64>,
+    /// Subtracted from every token already generated.
+    pub(crate) presence_penalty: Option<f64>,
+    /// Subtracted per occurrence of a generated token.
+    pub(crate) frequency_penalty: Option<f64>,
     /// vLLM's name.
-    repetition_penalty: Option<f64>,
+    pub(crate) repetition_penalty: Option<f64>,
     /// llama.cpp's name, used when `repetition_penalty` is absent.
-    repeat_penalty: Option<f64>,
-    seed: Option<i64>,
+    pub(crate) repeat_penalty: Option<f64>,
+    /// Seed of the random sampler; negative: random.
+    pub(crate) seed: Option<i64>,
 }
 
 impl SamplingFields {
