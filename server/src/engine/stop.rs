@@ -6,9 +6,15 @@ use std::sync::Arc;
 use radix_models::tokenizer::{IncrementalDetokenizer, Tokenizer};
 
 /// Finds stop strings in streamed text; holds back any tail that could still begin one.
+///
+/// An Aho-Corasick automaton over the stop strings' bytes, advanced by each new byte only: a
+/// token costs the bytes it adds, not the total length of the stop list (a client may send
+/// hundreds of thousands of stops).
 #[derive(Debug, Clone)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    automaton: Arc<StopAutomaton>,
+    /// The automaton's state after the last byte of `pending`.
+    state: u32,
     pending: String,
     stopped: bool,
 }
@@ -25,8 +31,10 @@ pub struct StopOutput {
 impl StopMatcher {
     /// A matcher for the given stop strings (empty ones are ignored).
     pub fn new(stops: impl IntoIterator<Item = String>) -> Self {
+        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         StopMatcher {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            automaton: Arc::new(StopAutomaton::new(&stops)),
+            state: 0,
             pending: String::new(),
             stopped: false,
         }
@@ -37,14 +45,26 @@ impl StopMatcher {
         if self.stopped {
             return StopOutput { text: String::new(), stopped: true };
         }
+        let offset = self.pending.len();
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        // The earliest start of any stop in the pending text, as if each were searched for.
+        let mut earliest: Option<usize> = None;
+        for (i, &byte) in text.as_bytes().iter().enumerate() {
+            self.state = self.automaton.next(self.state, byte);
+            let longest = self.automaton.longest_match(self.state);
+            if longest > 0 {
+                let start = offset + i + 1 - longest;
+                earliest = Some(earliest.map_or(start, |e| e.min(start)));
+            }
+        }
+        if let Some(at) = earliest {
             self.stopped = true;
             let text = self.pending[..at].to_owned();
             self.pending.clear();
             return StopOutput { text, stopped: true };
         }
-        let hold = self.longest_stop_prefix_suffix();
+        // The state's depth is the longest suffix of the text that begins some stop.
+        let hold = self.automaton.depth(self.state);
         let cut = self.pending.len() - hold;
         let text = self.pending[..cut].to_owned();
         self.pending.drain(..cut);
@@ -53,20 +73,104 @@ impl StopMatcher {
 
     /// Flushes held-back text at the end of generation.
     pub fn finish(&mut self) -> String {
+        self.state = 0;
         std::mem::take(&mut self.pending)
     }
+}
 
-    /// Length of the longest suffix of `pending` that is a proper prefix of a stop string.
-    fn longest_stop_prefix_suffix(&self) -> usize {
-        let mut best = 0;
-        for stop in &self.stops {
-            for (len, _) in stop.char_indices().skip(1) {
-                if len > best && self.pending.ends_with(&stop[..len]) {
-                    best = len;
-                }
+/// The trie of the stop strings with failure links (Aho-Corasick): state 0 is the root, a
+/// state's depth the length of the prefix it stands for.
+#[derive(Debug, Default)]
+struct StopAutomaton {
+    /// Each state's outgoing bytes, sorted by byte.
+    edges: Vec<Vec<(u8, u32)>>,
+    /// The state of the longest proper suffix that is also a prefix in the trie.
+    fail: Vec<u32>,
+    depth: Vec<u32>,
+    /// The longest stop string that ends at this state (0: none), through failure links too.
+    longest_match: Vec<u32>,
+}
+
+impl StopAutomaton {
+    fn new(stops: &[String]) -> Self {
+        let mut automaton =
+            StopAutomaton { edges: vec![Vec::new()], fail: vec![0], depth: vec![0], longest_match: vec![0] };
+        for stop in stops {
+            let mut state = 0u32;
+            for &byte in stop.as_bytes() {
+                state = match automaton.child(state, byte) {
+                    Some(next) => next,
+                    None => automaton.add_child(state, byte),
+                };
+            }
+            let s = state as usize;
+            automaton.longest_match[s] = automaton.depth[s];
+        }
+        automaton.link();
+        automaton
+    }
+
+    fn child(&self, state: u32, byte: u8) -> Option<u32> {
+        let edges = &self.edges[state as usize];
+        edges.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|i| edges[i].1)
+    }
+
+    fn add_child(&mut self, state: u32, byte: u8) -> u32 {
+        let next = self.edges.len() as u32;
+        let edges = &mut self.edges[state as usize];
+        let at = edges.partition_point(|&(b, _)| b < byte);
+        edges.insert(at, (byte, next));
+        let depth = self.depth[state as usize] + 1;
+        self.edges.push(Vec::new());
+        self.fail.push(0);
+        self.depth.push(depth);
+        self.longest_match.push(0);
+        next
+    }
+
+    /// Failure links and inherited matches, breadth first (a state's link is shallower).
+    fn link(&mut self) {
+        let mut queue = std::collections::VecDeque::from_iter(self.edges[0].iter().map(|&(_, s)| s));
+        while let Some(state) = queue.pop_front() {
+            let edges = self.edges[state as usize].clone();
+            for (byte, child) in edges {
+                let mut fallback = self.fail[state as usize];
+                let link = loop {
+                    if let Some(next) = self.child(fallback, byte) {
+                        break next;
+                    }
+                    if fallback == 0 {
+                        break 0;
+                    }
+                    fallback = self.fail[fallback as usize];
+                };
+                let c = child as usize;
+                self.fail[c] = link;
+                self.longest_match[c] = self.longest_match[c].max(self.longest_match[link as usize]);
+                queue.push_back(child);
             }
         }
-        best
+    }
+
+    /// The state after `byte`.
+    fn next(&self, mut state: u32, byte: u8) -> u32 {
+        loop {
+            if let Some(next) = self.child(state, byte) {
+                return next;
+            }
+            if state == 0 {
+                return 0;
+            }
+            state = self.fail[state as usize];
+        }
+    }
+
+    fn depth(&self, state: u32) -> usize {
+        self.depth[state as usize] as usize
+    }
+
+    fn longest_match(&self, state: u32) -> usize {
+        self.longest_match[state as usize] as usize
     }
 }
 
@@ -165,9 +269,49 @@ mod tests {
         assert_eq!(run(&["STOP"], &["a ST"]), ("a ST".into(), false));
     }
 
+    /// The old matcher, by search: the earliest stop in the whole pending text, and the
+    /// longest pending suffix that begins a stop held back.
+    fn naive(stops: &[String], pieces: &[String]) -> (String, bool) {
+        let stops: Vec<&String> = stops.iter().filter(|s| !s.is_empty()).collect();
+        let (mut out, mut pending) = (String::new(), String::new());
+        for piece in pieces {
+            pending.push_str(piece);
+            if let Some(at) = stops.iter().filter_map(|s| pending.find(s.as_str())).min() {
+                out.push_str(&pending[..at]);
+                return (out, true);
+            }
+            let hold = stops
+                .iter()
+                .flat_map(|s| s.char_indices().skip(1).map(|(len, _)| &s[..len]))
+                .filter(|prefix| pending.ends_with(prefix))
+                .map(str::len)
+                .max()
+                .unwrap_or(0);
+            let cut = pending.len() - hold;
+            out.push_str(&pending[..cut]);
+            pending.drain(..cut);
+        }
+        out.push_str(&pending);
+        (out, false)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_automaton_matches_searching_for_every_stop(
+            stops in proptest::collection::vec("[abé]{0,4}", 0..6),
+            pieces in proptest::collection::vec("[abcé]{0,5}", 0..8),
+        ) {
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let stop_refs: Vec<&str> = stops.iter().map(String::as_str).collect();
+            proptest::prop_assert_eq!(run(&stop_refs, &refs), naive(&stops, &pieces));
+        }
+    }
+
     #[test]
     fn earliest_stop_wins_and_unicode_is_respected() {
         assert_eq!(run(&["b", "ab"], &["xxab"]), ("xx".into(), true));
+        // The stop that starts first wins, even when another one inside it ends first.
+        assert_eq!(run(&["abcd", "bc"], &["xabcd"]), ("x".into(), true));
         assert_eq!(run(&["终了"], &["日本語", "终", "了です"]), ("日本語".into(), true));
     }
 }
