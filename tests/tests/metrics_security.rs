@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Server, chat};
 use serde_json::{Value as Json, json};
@@ -214,6 +214,65 @@ fn every_ending_is_counted_and_timed(server: &Server, bearer: &str) {
     server.wait_idle();
 }
 
+/// A streaming client that leaves while its long prompt is being prefilled: the engine stops
+/// computing it within about a step (two steps' time allowed) (it used to run the whole prefill, because the stream
+/// noticed the client only when it next had something to send). Measured against the same
+/// prefill run to its end in this run, so the check holds on a fast machine and a slow one.
+fn a_stream_left_during_prefill_stops_its_prefill(server: &Server, bearer: &str) {
+    let auth = [("Authorization", bearer)];
+    let running = || server.get("/health")["engine"]["running"].as_u64().unwrap_or(0);
+    // Two prompts of the same length that share nothing past the template's first tokens.
+    let (full, left) = (common::filler(41, 1200), common::filler(42, 1200));
+    let started = Instant::now();
+    let (status, answer) =
+        call(server, "POST", "/v1/chat/completions", &auth, Some(&chat(json!([{"role": "user", "content": full}]), 1)));
+    assert_eq!(status, 200, "{answer}");
+    let whole_prefill = started.elapsed();
+    let steps = answer["usage"]["prompt_tokens"].as_u64().unwrap().div_ceil(128) as u32;
+    assert!(steps >= 8, "{answer}");
+    // /health may still count the request just answered; the next one running must be ours.
+    server.wait_idle();
+
+    let mut body = chat(json!([{"role": "user", "content": left}]), 4);
+    body["stream"] = json!(true);
+    let body = body.to_string();
+    let addr = server.base.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {bearer}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).unwrap();
+    // The role chunk comes before the prefill; the client leaves once the prefill runs.
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !String::from_utf8_lossy(&received).contains("data: ") {
+        let n = socket.read(&mut buffer).unwrap();
+        assert!(n > 0, "the stream ended early: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..n]);
+    }
+    let deadline = Instant::now() + whole_prefill;
+    while running() == 0 {
+        assert!(Instant::now() < deadline, "the streamed request never started running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(socket);
+    let left_at = Instant::now();
+    while running() > 0 {
+        assert!(left_at.elapsed() < whole_prefill, "the prefill ran on after its client left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped_after = left_at.elapsed();
+    eprintln!("the engine let go {stopped_after:?} after the client left; a whole prefill takes {whole_prefill:?}");
+    assert!(
+        stopped_after < whole_prefill * 2 / steps,
+        "the engine let go {stopped_after:?} after the client left; a whole prefill takes {whole_prefill:?} in {steps} steps"
+    );
+    server.wait_idle();
+}
+
 fn metric(text: &str, line_start: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(line_start).and_then(|rest| rest.trim().parse().ok()))
@@ -234,6 +293,8 @@ fn keys_limits_loading_and_metrics() {
         ["--api-key-file", key_file.to_str().unwrap()],
         ["--max-queue", "1"],
         ["--parallel", "1"],
+        // Small prefill steps, so "within a step" is well apart from "the whole prefill".
+        ["--batch-tokens", "128"],
         ["--chat-template-file", template.to_str().unwrap()],
     ]
     .concat();
@@ -393,6 +454,7 @@ fn keys_limits_loading_and_metrics() {
     assert!(text.contains(r#"radix_serve_time_to_first_token_seconds_bucket{le="+Inf"}"#));
 
     every_ending_is_counted_and_timed(&server, &bearer);
+    a_stream_left_during_prefill_stops_its_prefill(&server, &bearer);
     let _ = std::fs::remove_file(key_file);
     let _ = std::fs::remove_file(template);
 }

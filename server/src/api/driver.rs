@@ -148,7 +148,15 @@ async fn send(tx: &Sender<Event>, events: Vec<WireEvent>) -> Result<(), Stop> {
 async fn drive<W: WireFormat>(generation: &mut Generation, wire: &mut W, tx: &Sender<Event>) -> Result<(), Stop> {
     let mut sent_logprobs = 0;
     send(tx, wire.start_events()).await?;
-    while let Some(piece) = generation.next().await? {
+    loop {
+        // Waiting for the engine must not hide a client that left: during a long prefill no
+        // piece comes for seconds, and the engine aborts a sequence only once its receiver (in
+        // `generation`) is dropped, which returning here does.
+        let piece = tokio::select! {
+            piece = generation.next() => piece?,
+            () = tx.closed() => return Err(Stop::ClientGone),
+        };
+        let Some(piece) = piece else { break };
         let mut at = Progress { generation, sent_logprobs: &mut sent_logprobs };
         let mut events = wire.on_piece(&piece, &mut at)?;
         if let Some(end) = &piece.end {
