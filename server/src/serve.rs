@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
-use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, router};
+use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
 use radix_templates::prepare::PreparedTemplate;
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
@@ -65,6 +65,14 @@ pub struct ServeArgs {
     /// `x-api-key: <key>`; several may be given comma-separated.
     #[arg(long)]
     api_key: Option<String>,
+    /// A key that also sees prompt text in `/v1/cache` (other clients' prompts); without it
+    /// nobody does. Also accepted wherever `--api-key` is.
+    #[arg(long)]
+    admin_api_key: Option<String>,
+    /// Let log lines quote prompt text (where a cache reuse stopped); by default they carry
+    /// token counts and message indices only.
+    #[arg(long)]
+    log_prompts: bool,
     /// File with API keys, one per line.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
@@ -119,6 +127,7 @@ fn default_model() -> anyhow::Result<PathBuf> {
 /// Loads everything, then serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
+    let admin_keys = ApiKeys::load_admin(args.admin_api_key.as_deref())?;
     let browser = BrowserPolicy::new(args.allowed_hosts.as_deref(), args.cors_origin.as_deref())?;
     // Listen before loading, so probes get an honest 503 "loading model" instead of a refused
     // connection; the same socket serves the API once the engine is ready.
@@ -222,8 +231,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_path: files.path().display().to_string(),
         total_slots: args.parallel.max(1),
         api_keys,
+        admin_keys,
+        log_prompts: args.log_prompts,
         browser,
         max_queue: args.max_queue.max(1),
+        // One core is left to the async workers and the engine thread, so they answer at once.
+        preparation: PreparationPool::new(std::thread::available_parallelism().map_or(1, |n| n.get() - 1)),
         http_metrics: HttpMetrics::default(),
     });
     runtime.block_on(async move {

@@ -45,6 +45,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequ
         stop_strings: vec![],
         use_cache,
         constraint: None,
+        tenant: Default::default(),
     }
 }
 

@@ -19,6 +19,9 @@ const TEMPLATE: &str = r#"{%- set ns = namespace(last=-1) -%}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif -%}"#;
 
+/// The key that may read prompt text in `/v1/cache`.
+const ADMIN_KEY: &str = "admin-k";
+
 /// Sends a greedy chat request asking for the cache report; returns the response.
 fn ask(server: &Server, messages: Json, max_tokens: usize) -> Json {
     let mut body = chat(messages, max_tokens);
@@ -45,7 +48,14 @@ fn misses_are_placed_and_explained() {
     let template = std::env::temp_dir().join(format!("radix-cache-report-{}.jinja", std::process::id()));
     std::fs::write(&template, TEMPLATE).unwrap();
     // 8 MiB of KV is a few hundred SmolLM2 tokens: small enough to evict on purpose.
-    let server = Server::start(&["--chat-template-file", template.to_str().unwrap(), "--kv-cache", "8"]);
+    let server = Server::start(&[
+        "--chat-template-file",
+        template.to_str().unwrap(),
+        "--kv-cache",
+        "8",
+        "--admin-api-key",
+        ADMIN_KEY,
+    ]);
     let stable = "You are a careful coding agent. Read files before editing them.";
     let user = json!([{"role": "user", "content": "List the files."}]);
 
@@ -137,7 +147,12 @@ fn misses_are_placed_and_explained() {
     assert!(report["cached_tokens"].as_u64().unwrap() < matched, "{report}");
 
     // The cache as a whole, and the header on every chat response.
-    let cache = server.get("/v1/cache");
+    let cache: Json = ureq::get(&format!("{}/v1/cache", server.base))
+        .set("Authorization", &format!("Bearer {ADMIN_KEY}"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert!(cache["evicted_pages"].as_u64().unwrap() > 0, "{cache}");
     assert!(cache["tokens_cached"].as_u64().unwrap() > 0, "{cache}");
     assert!(cache["hit_ratio"].as_f64().unwrap() > 0.0, "{cache}");
@@ -160,5 +175,41 @@ fn misses_are_placed_and_explained() {
         server.stream(&body).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
     let last = chunks.iter().find(|c| !c["choices"][0]["finish_reason"].is_null()).unwrap();
     assert_eq!(last["cache_report"]["reason"], Json::Null, "a repeat is a full hit: {last}");
+    no_client_reads_another_clients_prompt(&server);
     let _ = std::fs::remove_file(template);
+}
+
+/// A victim's request, then requests of another tenant (another `user`, and none at all) that
+/// share its system prompt and ask for the cache report: nothing of the victim's message comes
+/// back, from the report, `/v1/cache` without the admin key, or the server's log. (It used to
+/// come back in `divergence.previous_after`, a few words per request.)
+fn no_client_reads_another_clients_prompt(server: &Server) {
+    const SECRET: &str = "BLUEHERON";
+    // A system prompt no other check sends: the only earlier sequence it starts is the victim's.
+    let system = json!({"role": "system", "content": "You review pull requests for a payments team."});
+    let victim = json!([system, {"role": "user", "content": format!("Our codename is {SECRET} and it ships in May.")}]);
+    let mut body = chat(victim, 2);
+    body["user"] = json!("victim");
+    let (status, response) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{response}");
+    let shared = |tenant: &Json| {
+        let mut probe = chat(json!([system, {"role": "user", "content": "O"}]), 1);
+        probe["cache_report"] = json!(true);
+        probe["user"] = tenant.clone();
+        let (status, response) = server.post("/v1/chat/completions", &probe);
+        assert_eq!(status, 200, "{response}");
+        let report = response["cache_report"].clone();
+        assert!(!report.to_string().contains("BLUE"), "tenant {tenant}: {report}");
+        report["previous"]["common_prefix_tokens"].as_u64().unwrap_or(0)
+    };
+    // Other tenants' probes are compared at most with sequences that share the template's
+    // opening tokens, never with the victim's, which shares the whole system prompt.
+    let others = [shared(&json!("mallory")), shared(&Json::Null)];
+    let own = shared(&json!("victim"));
+    assert!(others.iter().all(|&n| n < own), "others matched {others:?} tokens, the victim {own}");
+    let cache = server.get("/v1/cache");
+    assert!(!cache.to_string().contains("BLUE"), "{cache}");
+    assert!(cache["top_prefixes"].as_array().unwrap().iter().all(|p| p.get("head").is_none()), "{cache}");
+    let log = server.log().join("\n");
+    assert!(!log.contains("BLUE") && !log.contains("codename"), "the log quotes prompts:\n{log}");
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use radix_templates::parse::{ParseEvent, ParsedMessage};
@@ -20,6 +21,7 @@ use super::anthropic_convert::to_chat_body;
 use super::chat::{PreparedChat, prepare};
 use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::output::{Ending, Generation, Piece};
+use super::preparation::off_workers;
 use super::reply::unique_suffix;
 use super::request::parse_body;
 use super::{ApiError, ApiState};
@@ -46,22 +48,24 @@ pub(super) async fn error_shape(request: axum::extract::Request, next: axum::mid
 }
 
 /// Parses, converts and prepares a Messages body.
-fn read(state: &ApiState, body: &[u8], generation: bool) -> Result<PreparedChat, ApiError> {
+fn read(state: &ApiState, body: &[u8], generation: bool, key: Option<&str>) -> Result<PreparedChat, ApiError> {
     let chat = to_chat_body(&parse_body(body)?, generation)?;
-    let mut prepared = prepare(state, chat)?;
+    let mut prepared = prepare(state, chat, key)?;
     prepared.spec.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
     Ok(prepared)
 }
 
-async fn count_tokens(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    match read(&state, &body, false) {
+async fn count_tokens(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = state.api_keys.presented(&headers);
+    match off_workers(&state, move |state| read(state, &body, false, key.as_deref())).await {
         Ok(prepared) => axum::Json(json!({"input_tokens": prepared.spec.request.prompt.len()})).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn messages(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    match read(&state, &body, true) {
+async fn messages(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = state.api_keys.presented(&headers);
+    match off_workers(&state, move |state| read(state, &body, true, key.as_deref())).await {
         Ok(prepared) => {
             let wire = AnthropicWire { model: state.model_name.clone(), blocks: Blocks::default(), started: false };
             respond(&state, prepared.spec, wire, prepared.stream).await

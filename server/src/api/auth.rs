@@ -24,15 +24,7 @@ impl ApiKeys {
     /// Keys from `--api-key` (comma-separated, as llama-server takes them) and from a file with
     /// one key per line (blank lines and `#` comments skipped).
     pub fn load(flag: Option<&str>, file: Option<&Path>) -> anyhow::Result<Self> {
-        let mut keys: Vec<String> = flag.into_iter().flat_map(|k| k.split(',')).map(str::to_owned).collect();
-        // An empty flag (a shell variable that was not set, say) must not silently leave the
-        // server open: the user asked for authentication.
-        if flag.is_some() && keys.iter().all(|k| k.trim().is_empty()) {
-            anyhow::bail!(
-                "--api-key has no usable key (it is empty or only commas and spaces): give a key, \
-                 or leave the flag out to run without authentication"
-            );
-        }
+        let mut keys = flag_keys("--api-key", flag)?;
         if let Some(file) = file {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read the API key file {}", file.display()))?;
@@ -46,9 +38,29 @@ impl ApiKeys {
         Ok(ApiKeys { keys })
     }
 
+    /// The admin keys of `--admin-api-key` (comma-separated).
+    pub fn load_admin(flag: Option<&str>) -> anyhow::Result<Self> {
+        let keys = flag_keys("--admin-api-key", flag)?;
+        Ok(ApiKeys {
+            keys: keys.iter().map(|k| k.trim()).filter(|k| !k.is_empty()).map(|k| k.as_bytes().to_vec()).collect(),
+        })
+    }
+
     /// Whether any key is required.
     pub fn enabled(&self) -> bool {
         !self.keys.is_empty()
+    }
+
+    /// The key a request presents (bearer token or `x-api-key`), when keys are on: who is
+    /// asking, for the cache report's tenants. `None` on an open server.
+    pub fn presented(&self, headers: &HeaderMap) -> Option<String> {
+        if !self.enabled() {
+            return None;
+        }
+        let bearer =
+            headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+        bearer.or(x_api_key).map(str::to_owned)
     }
 
     /// Whether the request carries an accepted key. Every key is compared in full, in time that
@@ -68,6 +80,18 @@ impl ApiKeys {
         }
         ok
     }
+}
+
+/// The comma-separated keys of the flag `name`. A flag given with no usable key (a shell
+/// variable that was not set, say) is an error: it must not silently leave the server open.
+fn flag_keys(name: &str, flag: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let keys: Vec<String> = flag.into_iter().flat_map(|k| k.split(',')).map(str::to_owned).collect();
+    if flag.is_some() && keys.iter().all(|k| k.trim().is_empty()) {
+        anyhow::bail!(
+            "{name} has no usable key (it is empty or only commas and spaces): give a key, or leave the flag out"
+        );
+    }
+    Ok(keys)
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive

@@ -27,6 +27,9 @@ pub(crate) struct CacheContext {
     prompt: Vec<u32>,
     /// The client asked for the report in the response (`"cache_report": true`).
     pub(crate) wanted: bool,
+    /// The log line may quote the prompt around the divergence (`--log-prompts`); without it
+    /// the log carries token counts and message indices only.
+    pub(crate) log_prompts: bool,
 }
 
 impl CacheContext {
@@ -39,7 +42,15 @@ impl CacheContext {
         prompt: Vec<u32>,
         wanted: bool,
     ) -> Self {
-        CacheContext { template: template.clone(), tokenizer: Arc::clone(tokenizer), chat, prompt_text, prompt, wanted }
+        CacheContext {
+            template: template.clone(),
+            tokenizer: Arc::clone(tokenizer),
+            chat,
+            prompt_text,
+            prompt,
+            wanted,
+            log_prompts: false,
+        }
     }
 }
 
@@ -119,8 +130,10 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
             Some(k) => format!(" in {} (message {k}, {})", place.part, role.unwrap_or("?")),
             None => format!(" in {}", place.part),
         };
-        let side = |key: &str| divergence[key].as_str().unwrap_or_default().to_owned();
-        log_place.push_str(&format!(" between {:?} and {:?}", side("before"), side("after")));
+        if ctx.log_prompts {
+            let side = |key: &str| divergence[key].as_str().unwrap_or_default().to_owned();
+            log_place.push_str(&format!(" between {:?} and {:?}", side("before"), side("after")));
+        }
     } else if let Some(at) = report.divergence {
         divergence = json!({"token": at});
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use radix_templates::parse::{ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
@@ -12,10 +13,11 @@ use serde_json::{Value as Json, json};
 use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
+use super::preparation::off_workers;
 use super::reply::{created, timings_json, unique_suffix, usage};
 use super::request::{ChatBody, ChatCompletionRequest, ToolChoice, check_context, parse_body, top_logprobs};
 use super::{ApiError, ApiState};
-use crate::engine::{GenerateRequest, SamplingParams, Timings};
+use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
 /// A chat request, decided: what to generate and how the client wants it back.
 pub(super) struct PreparedChat {
@@ -27,9 +29,12 @@ pub(super) struct PreparedChat {
     include_usage: bool,
 }
 
-pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let prepared = match parse_body(&body).and_then(|body| ChatBody::from_json(&body)).and_then(|b| prepare(&state, b))
-    {
+pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = state.api_keys.presented(&headers);
+    let prepared =
+        off_workers(&state, move |state| prepare(state, ChatBody::from_json(&parse_body(&body)?)?, key.as_deref()))
+            .await;
+    let prepared = match prepared {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -38,8 +43,9 @@ pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, body: B
 }
 
 /// Decides everything about a chat request before generation (the Anthropic API builds its
-/// [`ChatBody`] from its own body and comes through here too).
-pub(super) fn prepare(state: &ApiState, body: ChatBody) -> Result<PreparedChat, ApiError> {
+/// [`ChatBody`] from its own body and comes through here too). `key` is the API key the
+/// request carried, which with its `cache_salt` or `user` names its tenant.
+pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Result<PreparedChat, ApiError> {
     let ChatBody { conversation: chat, fields, sampling: sampling_fields, output } = body;
     super::limits::check_roles(&chat.messages)?;
     if fields.n.is_some_and(|n| n != 1) {
@@ -63,7 +69,8 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody) -> Result<PreparedChat, 
         chat.tools.as_ref().is_some_and(|t| !t.is_empty()) && fields.tool_choice != Some(ToolChoice::None);
     let parser = state.format.parser_options(&prompt_text, format!("call_{}_", unique_suffix()), tools_enabled);
     let constraint = super::constrain::chat_constraint(&fields, state.format.output, &state.tokenizer)?;
-    let cache = super::cache_report::CacheContext::new(
+    let tenant = Tenant::new(key, fields.cache_salt.as_deref().or(fields.user.as_deref()));
+    let mut cache = super::cache_report::CacheContext::new(
         &state.template,
         &state.tokenizer,
         chat,
@@ -71,6 +78,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody) -> Result<PreparedChat, 
         prompt.clone(),
         fields.cache_report.unwrap_or(false),
     );
+    cache.log_prompts = state.log_prompts;
     let request = GenerateRequest {
         prompt,
         sampling,
@@ -79,6 +87,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody) -> Result<PreparedChat, 
         stop_strings: output.stop.0.clone(),
         use_cache: output.use_cache(),
         constraint,
+        tenant,
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value as Json, json};
@@ -13,12 +14,13 @@ use serde_json::{Value as Json, json};
 use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::TokenText;
 use super::output::{Ending, Generation, Piece};
+use super::preparation::off_workers;
 use super::reply::{created, plain_parser, text_of, timings_json, unique_suffix, usage};
 use super::request::{
     CompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, prompt_tokens, top_logprobs, typed,
 };
 use super::{ApiError, ApiState};
-use crate::engine::{GenerateRequest, SamplingParams, Timings};
+use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
 /// OpenAI's default `max_tokens` for text completions.
 const DEFAULT_MAX_TOKENS: i64 = 16;
@@ -37,6 +39,7 @@ pub(super) fn text_spec(
     sampling: SamplingParams,
     max_tokens: i64,
     output: &GenerationFields,
+    tenant: Tenant,
 ) -> Result<GenerationSpec, ApiError> {
     let prompt = prompt_tokens(&state.tokenizer, prompt)?;
     let context = state.context_length;
@@ -53,6 +56,7 @@ pub(super) fn text_spec(
         stop_strings: output.stop.0.clone(),
         use_cache: output.use_cache(),
         constraint: None,
+        tenant,
     };
     Ok(GenerationSpec { request, parser: plain_parser(), cache: None })
 }
@@ -74,8 +78,10 @@ fn refuse_unsupported(fields: &CompletionRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let prepared = parse_body(&body).and_then(|body| {
+async fn completions(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = Tenant::new(state.api_keys.presented(&headers).as_deref(), None);
+    let prepared = off_workers(&state, move |state| {
+        let body = parse_body(&body)?;
         let fields: CompletionRequest = typed(&body)?;
         let sampling_fields: SamplingFields = typed(&body)?;
         let output: GenerationFields = typed(&body)?;
@@ -88,9 +94,10 @@ async fn completions(State(state): State<Arc<ApiState>>, body: Bytes) -> Respons
         let defaults =
             SamplingParams { logprobs: top_logprobs(fields.logprobs, "logprobs")?, ..SamplingParams::default() };
         let sampling = sampling_fields.over(&defaults)?;
-        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, max_tokens, &output)?;
+        let spec = text_spec(state, fields.prompt.as_ref(), sampling, max_tokens, &output, tenant)?;
         Ok((spec, output, max_tokens == 0))
-    });
+    })
+    .await;
     let (spec, output, silent) = match prepared {
         Ok(p) => p,
         Err(e) => return e.into_response(),

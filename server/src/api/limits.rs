@@ -23,7 +23,8 @@ pub const MAX_JSON_DEPTH: usize = 128;
 /// 401 unless the request carries an accepted API key. Attached to every route group but the
 /// one with `/health`, which stays open for probes.
 pub(super) async fn require_key(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    if state.api_keys.accepts(request.headers()) {
+    let admin = state.admin_keys.enabled() && state.admin_keys.accepts(request.headers());
+    if admin || state.api_keys.accepts(request.headers()) {
         next.run(request).await
     } else {
         ApiError::Unauthorized.into_response()
@@ -45,7 +46,14 @@ pub(super) async fn read_body(request: Request, next: Next) -> Response {
         Ok(b) => b,
         Err(_) => return too_large(),
     };
-    if let Some(depth) = json_depth_over(&bytes, MAX_JSON_DEPTH) {
+    // A large body's scan would hold an async worker (and `/health` behind it) for a while.
+    let depth = if bytes.len() > 64 << 10 {
+        let scanned = bytes.clone();
+        tokio::task::spawn_blocking(move || json_depth_over(&scanned, MAX_JSON_DEPTH)).await.unwrap_or(None)
+    } else {
+        json_depth_over(&bytes, MAX_JSON_DEPTH)
+    };
+    if let Some(depth) = depth {
         return ApiError::bad_request(format!(
             "the JSON body nests deeper than {MAX_JSON_DEPTH} levels (at least {depth})"
         ))
@@ -54,10 +62,10 @@ pub(super) async fn read_body(request: Request, next: Next) -> Response {
     next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
-/// 503 while more than `--max-queue` requests wait for admission; attached to the routes that
-/// queue work on the engine.
+/// 503 while more than `--max-queue` requests wait for admission (or are still being
+/// prepared); attached to the routes that queue work on the engine.
 pub(super) async fn limit_queue(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    let queued = state.engine.queued();
+    let queued = state.engine.queued() + state.preparation.pending();
     if request.method() == Method::POST && queued >= state.max_queue {
         return ApiError::Busy { queued, max_queue: state.max_queue }.into_response();
     }

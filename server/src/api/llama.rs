@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value as Json, json};
@@ -16,10 +17,11 @@ use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
 use super::llama_meta;
 use super::logprobs::{TokenText, llama_probabilities};
 use super::output::{Ending, Generation, Piece};
+use super::preparation::off_workers;
 use super::reply::{text_of, timings_json};
 use super::request::{GenerationFields, LlamaCompletionRequest, SamplingFields, parse_body, top_logprobs, typed};
 use super::{ApiError, ApiState};
-use crate::engine::{SamplingParams, Timings};
+use crate::engine::{SamplingParams, Tenant, Timings};
 
 /// The routes of this module that queue generation on the engine.
 pub(super) fn generation_routes() -> Router<Arc<ApiState>> {
@@ -107,26 +109,29 @@ struct LlamaWire {
     token_text: TokenText,
 }
 
-async fn completion(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    let prepared = parse_body(&body).and_then(|body| {
+async fn completion(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = Tenant::new(state.api_keys.presented(&headers).as_deref(), None);
+    let prepared = off_workers(&state, move |state| {
+        let body = parse_body(&body)?;
         let fields: LlamaCompletionRequest = typed(&body)?;
         let sampling_fields: SamplingFields = typed(&body)?;
         let output: GenerationFields = typed(&body)?;
         let n_predict = fields.n_predict.or(fields.max_tokens).unwrap_or(-1);
         let logprobs = top_logprobs(fields.n_probs, "n_probs")?.filter(|&n| n > 0);
         let sampling = sampling_fields.over(&SamplingParams { logprobs, ..llama_defaults() })?;
-        let spec = text_spec(&state, fields.prompt.as_ref(), sampling, n_predict, &output)?;
+        let spec = text_spec(state, fields.prompt.as_ref(), sampling, n_predict, &output, tenant)?;
         let stream = output.stream();
         let wire = LlamaWire {
-            state: Arc::clone(&state),
-            generation_settings: generation_settings(&state, &spec.request.sampling, n_predict, &output.stop.0, stream),
+            state: Arc::clone(state),
+            generation_settings: generation_settings(state, &spec.request.sampling, n_predict, &output.stop.0, stream),
             prompt_text: state.tokenizer.decode(&spec.request.prompt, false).unwrap_or_default(),
             return_tokens: fields.return_tokens.unwrap_or(false),
             silent: n_predict == 0,
             token_text: TokenText::new(Arc::clone(&state.tokenizer)),
         };
         Ok((spec, wire, stream))
-    });
+    })
+    .await;
     match prepared {
         Ok((spec, wire, stream)) => respond(&state, spec, wire, stream).await,
         Err(e) => e.into_response(),

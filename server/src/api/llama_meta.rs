@@ -12,6 +12,7 @@ use serde_json::{Value as Json, json};
 
 use super::llama::{generation_settings, llama_defaults};
 use super::logprobs::TokenText;
+use super::preparation::off_workers;
 use super::request::{DetokenizeRequest, TokenizeRequest, parse_body, token_id, typed};
 use super::{ApiError, ApiState};
 
@@ -27,53 +28,64 @@ fn respond(result: Result<Json, ApiError>) -> Response {
 /// `parse_special: false` (special-token text as plain text) is refused: the tokenizer always
 /// matches special tokens.
 pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    respond((|| {
-        let fields: TokenizeRequest = typed(&parse_body(&body)?)?;
-        let Some(content) = &fields.content else { return Err(ApiError::bad_request("'content' is required")) };
-        if !fields.parse_special.unwrap_or(true) {
-            return Err(ApiError::bad_request("'parse_special': false is not supported"));
-        }
-        let ids = state
-            .tokenizer
-            .encode(content, fields.add_special.unwrap_or(false))
-            .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
-        if !fields.with_pieces.unwrap_or(false) {
-            return Ok(json!({"tokens": ids}));
-        }
-        let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
-        let mut tokens = Vec::with_capacity(ids.len());
-        for &id in &ids {
-            // Part of a multi-byte character: llama-server gives the bytes instead of text.
-            let piece = match String::from_utf8(token_text.bytes(id)?) {
-                Ok(text) => json!(text),
-                Err(e) => json!(e.into_bytes()),
-            };
-            tokens.push(json!({"id": id, "piece": piece}));
-        }
-        Ok(json!({"tokens": tokens}))
-    })())
+    respond(
+        off_workers(&state, move |state| {
+            let fields: TokenizeRequest = typed(&parse_body(&body)?)?;
+            let Some(content) = &fields.content else { return Err(ApiError::bad_request("'content' is required")) };
+            if !fields.parse_special.unwrap_or(true) {
+                return Err(ApiError::bad_request("'parse_special': false is not supported"));
+            }
+            let ids = state
+                .tokenizer
+                .encode(content, fields.add_special.unwrap_or(false))
+                .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+            if !fields.with_pieces.unwrap_or(false) {
+                return Ok(json!({"tokens": ids}));
+            }
+            let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
+            let mut tokens = Vec::with_capacity(ids.len());
+            for &id in &ids {
+                // Part of a multi-byte character: llama-server gives the bytes instead of text.
+                let piece = match String::from_utf8(token_text.bytes(id)?) {
+                    Ok(text) => json!(text),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                tokens.push(json!({"id": id, "piece": piece}));
+            }
+            Ok(json!({"tokens": tokens}))
+        })
+        .await,
+    )
 }
 
 /// `POST /detokenize`: `tokens` (ids) to `content`, special tokens written out.
 pub(super) async fn detokenize(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    respond((|| {
-        let fields: DetokenizeRequest = typed(&parse_body(&body)?)?;
-        let items = fields.tokens.unwrap_or_default();
-        let ids = items.iter().map(|v| token_id(&state.tokenizer, v.as_u64(), v)).collect::<Result<Vec<_>, _>>()?;
-        let content =
-            state.tokenizer.decode(&ids, false).map_err(|e| ApiError::internal(format!("detokenizing failed: {e}")))?;
-        Ok(json!({"content": content}))
-    })())
+    respond(
+        off_workers(&state, move |state| {
+            let fields: DetokenizeRequest = typed(&parse_body(&body)?)?;
+            let items = fields.tokens.unwrap_or_default();
+            let ids = items.iter().map(|v| token_id(&state.tokenizer, v.as_u64(), v)).collect::<Result<Vec<_>, _>>()?;
+            let content = state
+                .tokenizer
+                .decode(&ids, false)
+                .map_err(|e| ApiError::internal(format!("detokenizing failed: {e}")))?;
+            Ok(json!({"content": content}))
+        })
+        .await,
+    )
 }
 
 /// `POST /apply-template`: a chat body to `{"prompt"}`, through the same message preparation
 /// and template as `/v1/chat/completions`.
 pub(super) async fn apply_template(State(state): State<Arc<ApiState>>, body: Bytes) -> Response {
-    respond((|| {
-        let body = parse_body(&body)?;
-        let chat = ChatRequest::from_json(&body)?;
-        Ok(json!({"prompt": state.template.render(&chat)?}))
-    })())
+    respond(
+        off_workers(&state, move |state| {
+            let body = parse_body(&body)?;
+            let chat = ChatRequest::from_json(&body)?;
+            Ok(json!({"prompt": state.template.render(&chat)?}))
+        })
+        .await,
+    )
 }
 
 /// A slot's `params` and `next_token` when idle, as `/props` and `/slots` show them.

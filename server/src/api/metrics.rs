@@ -111,7 +111,10 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 
-async fn cache(State(state): State<Arc<ApiState>>) -> Response {
+/// The cache's state; the text of the top prefixes only for an admin key (`--admin-api-key`),
+/// since it is other clients' prompts.
+async fn cache(State(state): State<Arc<ApiState>>, headers: axum::http::HeaderMap) -> Response {
+    let admin = state.admin_keys.enabled() && state.admin_keys.accepts(&headers);
     let m = state.engine.metrics();
     let s = state.engine.stats();
     let prefixes = state.engine.recent_prefixes().await.unwrap_or_default();
@@ -119,8 +122,12 @@ async fn cache(State(state): State<Arc<ApiState>>) -> Response {
         .iter()
         .take(TOP_PREFIXES)
         .map(|p| {
-            let head = state.tokenizer.decode(&p.tokens[..p.tokens.len().min(HEAD_TOKENS)], false).unwrap_or_default();
-            json!({"tokens": p.tokens.len(), "uses": p.uses, "head": head})
+            let mut prefix = json!({"tokens": p.tokens.len(), "uses": p.uses});
+            if admin {
+                let head = &p.tokens[..p.tokens.len().min(HEAD_TOKENS)];
+                prefix["head"] = json!(state.tokenizer.decode(head, false).unwrap_or_default());
+            }
+            prefix
         })
         .collect();
     axum::Json(json!({

@@ -19,6 +19,7 @@ mod llama_meta;
 mod logprobs;
 mod metrics;
 mod output;
+mod preparation;
 mod reply;
 mod request;
 
@@ -39,6 +40,7 @@ pub use browser::BrowserPolicy;
 pub use error::ApiError;
 pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
+pub use preparation::PreparationPool;
 
 /// What every handler shares.
 pub struct ApiState {
@@ -62,10 +64,16 @@ pub struct ApiState {
     pub total_slots: usize,
     /// Keys every route but `/health` requires (`--api-key`, `--api-key-file`); none: open.
     pub api_keys: ApiKeys,
+    /// Keys that also see prompt text in `/v1/cache` (`--admin-api-key`); none: nobody does.
+    pub admin_keys: ApiKeys,
+    /// Log lines may quote prompts (`--log-prompts`).
+    pub log_prompts: bool,
     /// Which `Host` names and CORS origins are served (`--allowed-hosts`, `--cors-origin`).
     pub browser: BrowserPolicy,
     /// Most requests waiting for admission before generation routes answer 503 (`--max-queue`).
     pub max_queue: usize,
+    /// Where requests are prepared, off the async workers.
+    pub preparation: PreparationPool,
     /// Requests answered, by route and status (`/metrics`).
     pub http_metrics: HttpMetrics,
 }

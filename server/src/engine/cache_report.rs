@@ -10,6 +10,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::request::Tenant;
+
 /// Why reuse stopped where it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -106,6 +108,7 @@ impl CacheReport {
 /// One remembered sequence.
 #[derive(Debug, Clone)]
 struct Entry {
+    tenant: Tenant,
     tokens: Arc<[u32]>,
     prompt_len: usize,
     uses: u64,
@@ -135,9 +138,9 @@ impl RecentSequences {
 
     /// The remembered sequence sharing the longest token prefix with `prompt` (the most recent
     /// on a tie), counted as used when it shares at least `min_shared` tokens.
-    pub fn most_similar(&mut self, prompt: &[u32], min_shared: usize) -> Option<PreviousVersion> {
+    pub fn most_similar(&mut self, prompt: &[u32], min_shared: usize, tenant: Tenant) -> Option<PreviousVersion> {
         let mut best: Option<(usize, usize)> = None;
-        for (i, entry) in self.entries.iter().enumerate() {
+        for (i, entry) in self.entries.iter().enumerate().filter(|(_, e)| e.tenant == tenant) {
             let common = common_prefix(&entry.tokens, prompt);
             if common > 0 && best.is_none_or(|(_, b)| common > b) {
                 best = Some((i, common));
@@ -153,19 +156,25 @@ impl RecentSequences {
 
     /// Remembers a computed sequence as the newest; sequences it extends are dropped, since it
     /// is their newer version.
-    pub fn record(&mut self, tokens: &[u32], prompt_len: usize) {
+    pub fn record(&mut self, tokens: &[u32], prompt_len: usize, tenant: Tenant) {
         if tokens.is_empty() {
             return;
         }
         let mut uses = 0;
         self.entries.retain(|e| {
-            let extended = e.tokens.len() <= tokens.len() && tokens[..e.tokens.len()] == e.tokens[..];
+            let extended =
+                e.tenant == tenant && e.tokens.len() <= tokens.len() && tokens[..e.tokens.len()] == e.tokens[..];
             if extended {
                 uses += e.uses;
             }
             !extended
         });
-        self.entries.push_front(Entry { tokens: tokens.into(), prompt_len: prompt_len.min(tokens.len()), uses });
+        self.entries.push_front(Entry {
+            tenant,
+            tokens: tokens.into(),
+            prompt_len: prompt_len.min(tokens.len()),
+            uses,
+        });
         self.entries.truncate(self.capacity);
     }
 
@@ -194,11 +203,11 @@ mod tests {
     #[test]
     fn a_full_hit_is_no_miss() {
         let mut recent = RecentSequences::new(4);
-        recent.record(&seq(10), 8);
+        recent.record(&seq(10), 8, Tenant::default());
         let prompt = seq(12);
-        let report = CacheReport::judge(&prompt, 10, true, 1, recent.most_similar(&prompt, 1));
+        let report = CacheReport::judge(&prompt, 10, true, 1, recent.most_similar(&prompt, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(10), Some(MissReason::NewContent)));
-        let report = CacheReport::judge(&prompt, 11, true, 1, recent.most_similar(&prompt, 1));
+        let report = CacheReport::judge(&prompt, 11, true, 1, recent.most_similar(&prompt, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (None, None));
         // With pages of 4 tokens, 8 of 11 reusable tokens is as good as it gets.
         let report = CacheReport::judge(&prompt, 8, true, 4, None);
@@ -209,43 +218,60 @@ mod tests {
     fn reasons_follow_where_the_previous_version_ended() {
         let mut recent = RecentSequences::new(4);
         // Prompt of 8 tokens, 2 generated.
-        recent.record(&seq(10), 8);
+        recent.record(&seq(10), 8, Tenant::default());
         let mut changed = seq(20);
         changed[5] = 99;
-        let report = CacheReport::judge(&changed, 5, true, 1, recent.most_similar(&changed, 1));
+        let report = CacheReport::judge(&changed, 5, true, 1, recent.most_similar(&changed, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(5), Some(MissReason::ChangedContent)));
         // Diverging inside the generated reply, or after it: the previous prompt was reused whole.
         let mut reply_edited = seq(20);
         reply_edited[9] = 99;
-        let report = CacheReport::judge(&reply_edited, 9, true, 1, recent.most_similar(&reply_edited, 1));
+        let report =
+            CacheReport::judge(&reply_edited, 9, true, 1, recent.most_similar(&reply_edited, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(9), Some(MissReason::NewContent)));
         // The previous version matched 10 tokens but only 3 were still cached.
         let appended = seq(20);
-        let report = CacheReport::judge(&appended, 3, true, 1, recent.most_similar(&appended, 1));
+        let report = CacheReport::judge(&appended, 3, true, 1, recent.most_similar(&appended, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(3), Some(MissReason::Evicted)));
         // Page granularity: 8 cached of 10 matched with pages of 4 is not an eviction.
-        let report = CacheReport::judge(&appended, 8, true, 4, recent.most_similar(&appended, 1));
+        let report = CacheReport::judge(&appended, 8, true, 4, recent.most_similar(&appended, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(10), Some(MissReason::NewContent)));
-        let report = CacheReport::judge(&appended, 0, false, 1, recent.most_similar(&appended, 1));
+        let report = CacheReport::judge(&appended, 0, false, 1, recent.most_similar(&appended, 1, Tenant::default()));
         assert_eq!((report.divergence, report.reason), (Some(0), Some(MissReason::CacheDisabled)));
-        let report = CacheReport::judge(&[7, 7, 7], 0, true, 1, recent.most_similar(&[7, 7, 7], 1));
+        let report = CacheReport::judge(&[7, 7, 7], 0, true, 1, recent.most_similar(&[7, 7, 7], 1, Tenant::default()));
         assert_eq!((report.previous, report.reason), (None, Some(MissReason::NewContent)));
     }
 
     #[test]
     fn a_newer_version_replaces_the_one_it_extends_and_the_list_is_bounded() {
         let mut recent = RecentSequences::new(2);
-        recent.record(&seq(4), 4);
-        assert!(recent.most_similar(&seq(6), 1).is_some());
-        recent.record(&seq(8), 6);
+        recent.record(&seq(4), 4, Tenant::default());
+        assert!(recent.most_similar(&seq(6), 1, Tenant::default()).is_some());
+        recent.record(&seq(8), 6, Tenant::default());
         let by_use = recent.by_use();
         assert_eq!(by_use.len(), 1, "the extended sequence is dropped");
         assert_eq!((by_use[0].tokens.len(), by_use[0].uses), (8, 1));
-        recent.record(&[50, 51], 2);
-        recent.record(&[60, 61], 2);
+        recent.record(&[50, 51], 2, Tenant::default());
+        recent.record(&[60, 61], 2, Tenant::default());
         assert_eq!(recent.by_use().len(), 2);
-        assert!(recent.most_similar(&seq(8), 1).is_none(), "the oldest was forgotten");
-        let best = recent.most_similar(&[60, 61, 62], 1).unwrap();
+        assert!(recent.most_similar(&seq(8), 1, Tenant::default()).is_none(), "the oldest was forgotten");
+        let best = recent.most_similar(&[60, 61, 62], 1, Tenant::default()).unwrap();
         assert_eq!((best.common_prefix, best.prompt_len), (2, 2));
+    }
+
+    #[test]
+    fn a_prompt_is_compared_only_with_its_own_tenants_sequences() {
+        let (alice, mallory) = (Tenant::new(None, Some("alice")), Tenant::new(None, Some("mallory")));
+        assert_ne!(alice, mallory);
+        assert_ne!(alice, Tenant::default());
+        assert_ne!(Tenant::new(Some("ab"), Some("c")), Tenant::new(Some("a"), Some("bc")));
+        let mut recent = RecentSequences::new(8);
+        recent.record(&seq(10), 8, alice);
+        assert!(recent.most_similar(&seq(6), 1, mallory).is_none(), "another tenant's text stays hidden");
+        assert!(recent.most_similar(&seq(6), 1, Tenant::default()).is_none());
+        assert_eq!(recent.most_similar(&seq(6), 1, alice).map(|p| p.common_prefix), Some(6));
+        // A newer sequence of one tenant does not replace another tenant's older one.
+        recent.record(&seq(12), 10, mallory);
+        assert_eq!(recent.most_similar(&seq(11), 1, alice).map(|p| p.tokens.len()), Some(10));
     }
 }

@@ -177,7 +177,7 @@ impl EngineCore {
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
             let prompt = &seq.tokens[..seq.prompt_len];
-            let previous = self.recent.most_similar(prompt, page_size);
+            let previous = self.recent.most_similar(prompt, page_size, seq.request.tenant);
             let cache_on = self.cache.serves(seq.request.use_cache);
             let report = CacheReport::judge(prompt, seq.cached_tokens, cache_on, page_size, previous);
             let _ = seq.events.send(EngineEvent::Started {
@@ -218,7 +218,7 @@ impl EngineCore {
             }
             Ending::Abandoned => {}
         }
-        self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len);
+        self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len, seq.request.tenant);
         self.cache.release(&seq);
     }
 

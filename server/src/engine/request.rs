@@ -23,6 +23,33 @@ pub struct GenerateRequest {
     /// A grammar the output must follow (tool_choice, response_format); `None` is free text.
     /// The sequence stops by itself once the grammar is complete.
     pub constraint: Option<Constraint>,
+    /// Whose request this is: the cache report compares a prompt only with the same tenant's
+    /// earlier sequences, so no client reads another's text through it.
+    pub tenant: Tenant,
+}
+
+/// A client identity for the cache report: a hash of the API key in use and of the request's
+/// `cache_salt` or `user`; [`Tenant::default`] is every client that gives neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Tenant(u64);
+
+impl Tenant {
+    /// The tenant of a request made with `key` (the API key it carried, if keys are on) and
+    /// `salt` (its `cache_salt`, else its `user`).
+    pub fn new(key: Option<&str>, salt: Option<&str>) -> Self {
+        if key.is_none() && salt.is_none() {
+            return Tenant::default();
+        }
+        // FNV-1a over both parts, each ended by a byte no UTF-8 text holds, so ("ab", "c") and
+        // ("a", "bc") differ.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in [key, salt] {
+            for &byte in part.unwrap_or_default().as_bytes().iter().chain(&[0xff]) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        Tenant(hash | 1)
+    }
 }
 
 /// Why a sequence ended.

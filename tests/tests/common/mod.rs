@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
@@ -31,12 +31,14 @@ pub use radix_e2e::asset_path as asset;
 pub struct Server {
     child: Child,
     pub base: String,
+    /// Every line the server wrote to stderr so far.
+    log: ServerLog,
 }
 
 impl Server {
     /// Starts the server on SmolLM2 with extra flags; waits until it listens.
     pub fn start(extra: &[&str]) -> Server {
-        let (child, addresses) = spawn(extra);
+        let (child, addresses, log) = spawn(extra);
         let base = loop {
             match addresses.recv_timeout(Duration::from_secs(180)) {
                 Ok((true, url)) => break url,
@@ -44,7 +46,13 @@ impl Server {
                 Err(_) => panic!("the server reports its address within 3 minutes"),
             }
         };
-        Server { child, base }
+        Server { child, base, log }
+    }
+
+    /// The server's stderr so far, one line per entry.
+    #[allow(dead_code)] // Not every test binary reads the log.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
     }
 
     pub fn post(&self, path: &str, body: &Json) -> (u16, Json) {
@@ -99,7 +107,7 @@ impl Server {
     /// bound (the server says so before it loads the model) until it is ready. Returns the
     /// server and every `/health` answer seen while it loaded, in order.
     pub fn start_watching_health(extra: &[&str]) -> (Server, Vec<(u16, Json)>) {
-        let (child, rx) = spawn(extra);
+        let (child, rx, log) = spawn(extra);
         let timeout = Duration::from_secs(180);
         let (ready, base) = rx.recv_timeout(timeout).expect("the server reports its address");
         let mut seen = Vec::new();
@@ -118,7 +126,7 @@ impl Server {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        (Server { child, base }, seen)
+        (Server { child, base, log }, seen)
     }
 }
 
@@ -157,7 +165,10 @@ pub fn filler(seed: u64, words: usize) -> String {
 
 /// Spawns the server on SmolLM2 with extra flags. The receiver gets `(false, url)` when the socket
 /// is bound while the model loads and `(true, url)` once requests are served.
-fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>) {
+/// The server's stderr lines, as they come.
+type ServerLog = Arc<Mutex<Vec<String>>>;
+
+fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>, ServerLog) {
     let model = asset("smollm2");
     let mut child = Command::new(binary())
         .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
@@ -168,9 +179,12 @@ fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>) {
         .expect("radix-serve starts");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&log);
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("[server] {line}");
+            kept.lock().unwrap().push(line.clone());
             if let Some(url) = line.split(" on ").nth(1).and_then(|rest| rest.split(" while the model loads").next())
                 && line.contains("while the model loads")
             {
@@ -181,5 +195,5 @@ fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>) {
             }
         }
     });
-    (child, rx)
+    (child, rx, log)
 }
