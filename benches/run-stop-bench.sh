@@ -4,30 +4,25 @@
 # (the body a client probing us sent: 300,000 of them), alternating, REPS times each; prints the
 # median wall time of each and their ratio, and checks both replies are the same text. Not a test.
 #
-#   benches/run-stop-bench.sh               STOPS=300000 TOKENS=40 REPS=5
+#   benches/run-stop-bench.sh      settings from the environment: STOPS (300000), TOKENS (40),
+#                                  REPS (5), THREADS (2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STOPS="${STOPS:-300000}"
-TOKENS="${TOKENS:-40}"
-REPS="${REPS:-5}"
-THREADS="${THREADS:-2}"
-
-log() { echo "run-stop-bench: $*" >&2; }
-
-log "building radix-serve (release)"
+echo "run-stop-bench: building radix-serve (release)" >&2
 cargo build --release -p radix-serve --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 model=$(scripts/assets.sh path smollm2)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$target_dir/release/radix-serve" -m "$model" --port "$port" -t "$THREADS" >/tmp/run-stop-bench.log 2>&1 &
+"$target_dir/release/radix-serve" -m "$model" --port "$port" -t "${THREADS:-2}" >/tmp/run-stop-bench.log 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 
-python3 - "$port" "$STOPS" "$TOKENS" "$REPS" <<'EOF'
-import json, statistics, sys, time, urllib.request
+python3 - "$port" <<'EOF'
+import json, os, statistics, sys, time, urllib.request
 
-port, stops, tokens, reps = (int(a) for a in sys.argv[1:])
+port = int(sys.argv[1])
+stops, tokens, reps = (int(os.environ.get(k, d)) for k, d in (("STOPS", 300000), ("TOKENS", 40), ("REPS", 5)))
 base = f"http://127.0.0.1:{port}"
 for _ in range(600):
     try:

@@ -16,9 +16,7 @@ use super::logprobs::TokenText;
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
 use super::reply::{created, plain_parser, text_of, timings_json, unique_suffix, usage};
-use super::request::{
-    CompletionRequest, GenerationFields, SamplingFields, check_context, parse_body, prompt_tokens, top_logprobs, typed,
-};
+use super::request::{CompletionRequest, GenerationBody, GenerationFields, check_context, prompt_tokens, top_logprobs};
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
@@ -81,10 +79,8 @@ fn refuse_unsupported(fields: &CompletionRequest) -> Result<(), ApiError> {
 async fn completions(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = Tenant::new(state.api_keys.presented(&headers).as_deref(), None);
     let prepared = off_workers(&state, move |state| {
-        let body = parse_body(&body)?;
-        let fields: CompletionRequest = typed(&body)?;
-        let sampling_fields: SamplingFields = typed(&body)?;
-        let output: GenerationFields = typed(&body)?;
+        let GenerationBody { fields, sampling: sampling_fields, output } =
+            GenerationBody::<CompletionRequest>::parse(&body)?;
         refuse_unsupported(&fields)?;
         let max_tokens = match fields.max_tokens {
             Some(n) if n < 0 => return Err(ApiError::bad_request("'max_tokens' must not be negative")),

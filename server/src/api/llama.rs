@@ -19,7 +19,7 @@ use super::logprobs::{TokenText, llama_probabilities};
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
 use super::reply::{text_of, timings_json};
-use super::request::{GenerationFields, LlamaCompletionRequest, SamplingFields, parse_body, top_logprobs, typed};
+use super::request::{GenerationBody, LlamaCompletionRequest, top_logprobs};
 use super::{ApiError, ApiState};
 use crate::engine::{SamplingParams, Tenant, Timings};
 
@@ -112,10 +112,8 @@ struct LlamaWire {
 async fn completion(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = Tenant::new(state.api_keys.presented(&headers).as_deref(), None);
     let prepared = off_workers(&state, move |state| {
-        let body = parse_body(&body)?;
-        let fields: LlamaCompletionRequest = typed(&body)?;
-        let sampling_fields: SamplingFields = typed(&body)?;
-        let output: GenerationFields = typed(&body)?;
+        let GenerationBody { fields, sampling: sampling_fields, output } =
+            GenerationBody::<LlamaCompletionRequest>::parse(&body)?;
         let n_predict = fields.n_predict.or(fields.max_tokens).unwrap_or(-1);
         let logprobs = top_logprobs(fields.n_probs, "n_probs")?.filter(|&n| n > 0);
         let sampling = sampling_fields.over(&SamplingParams { logprobs, ..llama_defaults() })?;

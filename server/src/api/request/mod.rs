@@ -39,6 +39,26 @@ pub(crate) fn typed<T: DeserializeOwned>(body: &Json) -> Result<T, ApiError> {
     })
 }
 
+/// A text-generation body read once: the API's own fields and the sampling and output fields
+/// every generation body shares.
+#[derive(Debug, Clone)]
+pub(crate) struct GenerationBody<F> {
+    /// The API's own fields.
+    pub(crate) fields: F,
+    /// Sampling settings.
+    pub(crate) sampling: SamplingFields,
+    /// Stop strings, streaming, cache use.
+    pub(crate) output: GenerationFields,
+}
+
+impl<F: DeserializeOwned> GenerationBody<F> {
+    /// Parses a body; 400 when it is not a JSON object or a field has the wrong type.
+    pub(crate) fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let body = parse_body(body)?;
+        Ok(GenerationBody { fields: typed(&body)?, sampling: typed(&body)?, output: typed(&body)? })
+    }
+}
+
 /// `stop`: a string or an array of strings.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Stops(pub(crate) Vec<String>);
