@@ -257,6 +257,10 @@ fn check_bad_input(server: &Server) {
         ("/completion", json!({"prompt": "hi".repeat(20_000)})),
         ("/tokenize", json!({})),
         ("/tokenize", json!({"content": 5})),
+        // 1 MiB is the most tokenized with pieces (28.5 MB took 13 GB before the limit).
+        ("/tokenize", json!({"content": "word ".repeat(220_000), "with_pieces": true})),
+        // 4 MiB of stop strings is the most one request may send.
+        ("/completion", json!({"prompt": "hi", "stop": vec!["0123456789abcdef"; 300_000]})),
         ("/detokenize", json!({"tokens": ["a"]})),
         ("/detokenize", json!({"tokens": [-1]})),
         ("/apply-template", json!({})),

@@ -23,6 +23,9 @@ fn respond(result: Result<Json, ApiError>) -> Response {
     }
 }
 
+/// Most bytes of `content` `/tokenize` takes with `with_pieces`.
+const MAX_TOKENIZE_PIECES_BYTES: usize = 1 << 20;
+
 /// `POST /tokenize`: `content`, `add_special` (BOS where the model adds one; default false),
 /// `with_pieces` (each id with its text, or its bytes where they are not whole UTF-8).
 /// `parse_special: false` (special-token text as plain text) is refused: the tokenizer always
@@ -34,6 +37,14 @@ pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) ->
             let Some(content) = &fields.content else { return Err(ApiError::bad_request("'content' is required")) };
             if !fields.parse_special.unwrap_or(true) {
                 return Err(ApiError::bad_request("'parse_special': false is not supported"));
+            }
+            // With pieces, each token becomes a JSON object: tens of bytes of output and far more
+            // of memory per byte of input (28.5 MB took 13 GB), so that form is bounded.
+            if fields.with_pieces.unwrap_or(false) && content.len() > MAX_TOKENIZE_PIECES_BYTES {
+                return Err(ApiError::bad_request(format!(
+                    "'content' is {} bytes; with 'with_pieces' at most {MAX_TOKENIZE_PIECES_BYTES} are tokenized per request",
+                    content.len()
+                )));
             }
             let ids = state
                 .tokenizer

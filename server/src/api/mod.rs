@@ -134,7 +134,12 @@ async fn models(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Va
     }))
 }
 
-async fn health(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Value> {
+async fn health(State(state): State<Arc<ApiState>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let stats = state.engine.stats();
-    axum::Json(json!({"status": "ok", "engine": stats}))
+    if !state.engine.alive() {
+        let body = json!({"status": "engine stopped", "engine": stats});
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
+    axum::Json(json!({"status": "ok", "engine": stats})).into_response()
 }

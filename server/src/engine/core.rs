@@ -62,6 +62,9 @@ pub struct EngineCore {
     /// Recently computed sequences, to explain cache misses.
     recent: RecentSequences,
     metrics: EngineMetrics,
+    /// A prompt token that makes a step panic (debug builds, `RADIX_SERVE_FAULT_TOKEN`): how the
+    /// end-to-end tests show that a failed step fails its batch and nothing else.
+    fault_token: Option<u32>,
 }
 
 impl EngineCore {
@@ -77,6 +80,11 @@ impl EngineCore {
             postprocess: Postprocess::new(tokenizer, config.max_context),
             recent: RecentSequences::new(RECENT_SEQUENCES),
             metrics: EngineMetrics::default(),
+            fault_token: if cfg!(debug_assertions) {
+                std::env::var("RADIX_SERVE_FAULT_TOKEN").ok().and_then(|t| t.parse().ok())
+            } else {
+                None
+            },
         }
     }
 
@@ -133,6 +141,11 @@ impl EngineCore {
     /// One step: schedule, run one forward pass, postprocess its logits.
     pub fn step(&mut self) {
         let Some((batch, members)) = self.schedule() else { return };
+        if let Some(token) = self.fault_token
+            && batch.tokens.contains(&token)
+        {
+            panic!("injected fault: the batch holds token {token}");
+        }
         let logits = match self.model.forward(&batch, &mut self.pool) {
             Ok(logits) => logits,
             Err(e) => {
@@ -220,6 +233,18 @@ impl EngineCore {
         }
         self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len, seq.request.tenant);
         self.cache.release(&seq);
+    }
+
+    /// After a step panicked half-way: fails every running sequence with `message` and starts
+    /// the prefix cache afresh, since what the step left in it cannot be trusted. Waiting
+    /// requests hold no pages and stay queued; the model is unchanged.
+    pub fn recover(&mut self, message: &str) {
+        let now = Instant::now();
+        for seq in self.scheduler.take_running() {
+            self.metrics.observe_reply(seq.arrived, seq.first_token, seq.generated(), now);
+            let _ = seq.events.send(EngineEvent::Failed(message.to_owned()));
+        }
+        self.cache = self.cache.emptied();
     }
 
     /// Drops every cached prefix (nothing may be running).

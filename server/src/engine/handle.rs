@@ -1,7 +1,7 @@
 //! The engine thread and the handle the HTTP side talks to it through (ARCHITECTURE.md §1): the
 //! engine never awaits network I/O, and the HTTP side never touches tensors.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +24,8 @@ struct Shared {
     metrics: Mutex<EngineMetrics>,
     /// Requests sent but not yet taken in by the engine thread (it is busy with a step).
     in_flight: AtomicUsize,
+    /// The engine thread runs (false once it has ended, however).
+    alive: AtomicBool,
 }
 
 /// A cloneable handle to the engine thread.
@@ -41,6 +43,7 @@ impl EngineHandle {
             stats: Mutex::new(core.stats()),
             metrics: Mutex::new(core.metrics()),
             in_flight: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
         });
         let published = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -60,6 +63,11 @@ impl EngineHandle {
             let _ = events.send(EngineEvent::Failed("the engine has stopped".into()));
         }
         receiver
+    }
+
+    /// Whether the engine thread still runs; `/health` answers 503 once it does not.
+    pub fn alive(&self) -> bool {
+        self.shared.alive.load(Ordering::Relaxed)
     }
 
     /// Drops all cached prefixes once nothing is running.
@@ -92,6 +100,14 @@ impl EngineHandle {
 }
 
 fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
+    // Marks the engine dead however this thread ends, so that /health stops saying "ok".
+    struct Alive<'a>(&'a AtomicBool);
+    impl Drop for Alive<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Relaxed);
+        }
+    }
+    let _alive = Alive(&shared.alive);
     let mut flush_pending = false;
     loop {
         let mut handle = |command: Command, core: &mut EngineCore| match command {
@@ -113,7 +129,17 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
         while let Ok(command) = inbox.try_recv() {
             handle(command, &mut core);
         }
-        core.step();
+        // A panic in a step (a bug, a device failure) fails the sequences of that batch; the
+        // engine goes on with a fresh cache instead of stopping for good.
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.step())) {
+            let cause = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            eprintln!("radix-serve: an engine step failed ({cause}); its sequences failed, the prefix cache was reset");
+            core.recover(&format!("the engine failed while computing this request: {cause}"));
+        }
         if flush_pending && core.stats().running == 0 {
             core.flush_cache();
             flush_pending = false;

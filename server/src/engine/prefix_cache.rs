@@ -63,6 +63,11 @@ impl PrefixCache {
     }
 
     /// Whether this request reads and extends the cache.
+    /// A cache like this one, empty: every page free, no tree.
+    pub(crate) fn emptied(&self) -> Self {
+        PrefixCache::new(self.page_size(), self.pages_total(), self.enabled)
+    }
+
     pub(crate) fn serves(&self, use_cache: bool) -> bool {
         self.enabled && use_cache
     }

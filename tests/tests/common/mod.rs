@@ -38,7 +38,12 @@ pub struct Server {
 impl Server {
     /// Starts the server on SmolLM2 with extra flags; waits until it listens.
     pub fn start(extra: &[&str]) -> Server {
-        let (child, addresses, log) = spawn(extra);
+        Self::start_with_env(extra, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let (child, addresses, log) = spawn(extra, env);
         let base = loop {
             match addresses.recv_timeout(Duration::from_secs(180)) {
                 Ok((true, url)) => break url,
@@ -107,7 +112,7 @@ impl Server {
     /// bound (the server says so before it loads the model) until it is ready. Returns the
     /// server and every `/health` answer seen while it loaded, in order.
     pub fn start_watching_health(extra: &[&str]) -> (Server, Vec<(u16, Json)>) {
-        let (child, rx, log) = spawn(extra);
+        let (child, rx, log) = spawn(extra, &[]);
         let timeout = Duration::from_secs(180);
         let (ready, base) = rx.recv_timeout(timeout).expect("the server reports its address");
         let mut seen = Vec::new();
@@ -168,11 +173,12 @@ pub fn filler(seed: u64, words: usize) -> String {
 /// The server's stderr lines, as they come.
 type ServerLog = Arc<Mutex<Vec<String>>>;
 
-fn spawn(extra: &[&str]) -> (Child, mpsc::Receiver<(bool, String)>, ServerLog) {
+fn spawn(extra: &[&str], env: &[(&str, &str)]) -> (Child, mpsc::Receiver<(bool, String)>, ServerLog) {
     let model = asset("smollm2");
     let mut child = Command::new(binary())
         .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

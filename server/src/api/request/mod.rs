@@ -75,12 +75,24 @@ impl<'de> Deserialize<'de> for Stops {
                     Json::String(s) => Ok(s),
                     _ => Err(D::Error::custom("must hold strings")),
                 })
-                .collect::<Result<_, _>>()
-                .map(Stops),
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|stops| {
+                    let bytes: usize = stops.iter().map(String::len).sum();
+                    if bytes > MAX_STOP_BYTES {
+                        return Err(D::Error::custom(format!(
+                            "holds {bytes} bytes of stop strings; at most {MAX_STOP_BYTES} are accepted"
+                        )));
+                    }
+                    Ok(Stops(stops))
+                }),
             _ => Err(D::Error::custom("must be a string or an array of strings")),
         }
     }
 }
+
+/// Most bytes of stop strings one request may send, all together: the matcher's automaton
+/// costs tens of bytes per byte of them, and 300,000 ordinary stops stay far below this.
+pub(crate) const MAX_STOP_BYTES: usize = 4 << 20;
 
 /// What every generation body says about its output, under the same names in each API: stop
 /// strings, streaming, and whether cached prefixes are reused.
