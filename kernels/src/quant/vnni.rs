@@ -27,14 +27,9 @@ pub(crate) unsafe fn tile<const N: usize>(
     xs: [&[f32]; N],
     xo: [&[i32]; N],
 ) -> [[f32; ROWS]; N] {
-    let operands = (wq, ws, xq, xs, xo);
     // SAFETY: each runs only where its encoding exists; AVX2 and FMA are the caller's.
-    unsafe { if cpu::has_avxvnni() { tile_avxvnni(operands) } else { tile_avx512vnni(operands) } }
+    unsafe { if cpu::has_avxvnni() { tile_avxvnni(wq, ws, xq, xs, xo) } else { tile_avx512vnni(wq, ws, xq, xs, xo) } }
 }
-
-/// [`tile`]'s operands in its order: weight quants and scales, then per activation row its
-/// quants, scales and offsets.
-type Operands<'a, const N: usize> = (&'a [i8], &'a [f32], [&'a [i8]; N], [&'a [f32]; N], [&'a [i32]; N]);
 
 /// One kernel per encoding of `vpdpbusd`: the bodies are the same.
 macro_rules! vnni_tile {
@@ -42,7 +37,13 @@ macro_rules! vnni_tile {
         /// [`tile`] for one encoding.
         #[target_feature(enable = $features)]
         #[allow(clippy::needless_range_loop)] // `b` and `n` index several arrays in step
-        unsafe fn $name<const N: usize>((wq, ws, xq, xs, xo): Operands<'_, N>) -> [[f32; ROWS]; N] {
+        unsafe fn $name<const N: usize>(
+            wq: &[i8],
+            ws: &[f32],
+            xq: [&[i8]; N],
+            xs: [&[f32]; N],
+            xo: [&[i32]; N],
+        ) -> [[f32; ROWS]; N] {
             let nb = ws.len() / ROWS;
             // The loads below read these ranges only.
             assert!(wq.len() >= nb * GROUP_BLOCK);
