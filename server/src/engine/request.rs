@@ -40,15 +40,12 @@ impl Tenant {
         if key.is_none() && salt.is_none() {
             return Tenant::default();
         }
-        // FNV-1a over both parts, each ended by a byte no UTF-8 text holds, so ("ab", "c") and
-        // ("a", "bc") differ.
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in [key, salt] {
-            for &byte in part.unwrap_or_default().as_bytes().iter().chain(&[0xff]) {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        Tenant(hash | 1)
+        // `str` hashes with a terminator, so ("ab", "c") and ("a", "bc") differ; `| 1` keeps
+        // every named tenant apart from the default one.
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (key, salt).hash(&mut hasher);
+        Tenant(hasher.finish() | 1)
     }
 }
 

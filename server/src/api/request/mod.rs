@@ -54,8 +54,12 @@ pub(crate) struct GenerationBody<F> {
 impl<F: DeserializeOwned> GenerationBody<F> {
     /// Parses a body; 400 when it is not a JSON object or a field has the wrong type.
     pub(crate) fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let body = parse_body(body)?;
-        Ok(GenerationBody { fields: typed(&body)?, sampling: typed(&body)?, output: typed(&body)? })
+        Self::from_json(&parse_body(body)?)
+    }
+
+    /// Reads a parsed body; a type error names the field.
+    pub(crate) fn from_json(body: &Json) -> Result<Self, ApiError> {
+        Ok(GenerationBody { fields: typed(body)?, sampling: typed(body)?, output: typed(body)? })
     }
 }
 

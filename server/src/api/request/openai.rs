@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::super::ApiError;
-use super::{GenerationFields, SamplingFields, typed};
+use super::{GenerationBody, GenerationFields, SamplingFields};
 
 /// A chat completion body, read once: the conversation as the template sees it (messages and
 /// tools as sent, since templates read any field of them) and every field the server acts on.
@@ -25,12 +25,9 @@ pub(crate) struct ChatBody {
 impl ChatBody {
     /// Reads a parsed `POST /v1/chat/completions` body; errors name the field.
     pub(crate) fn from_json(body: &Json) -> Result<Self, ApiError> {
-        Ok(ChatBody {
-            conversation: ChatRequest::from_json(body)?,
-            fields: typed(body)?,
-            sampling: typed(body)?,
-            output: typed(body)?,
-        })
+        let conversation = ChatRequest::from_json(body)?;
+        let GenerationBody { fields, sampling, output } = GenerationBody::from_json(body)?;
+        Ok(ChatBody { conversation, fields, sampling, output })
     }
 }
 
