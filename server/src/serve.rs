@@ -9,7 +9,7 @@ use radix_models::tokenizer::Tokenizer;
 use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
 use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
-use radix_templates::prepare::PreparedTemplate;
+use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
 /// Options of the server; names follow llama-server's where they mean the same.
@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// token counts and message indices only.
     #[arg(long)]
     log_prompts: bool,
+    /// Tokenize control-token spellings in message text (`<|im_start|>` written by a user) as
+    /// control tokens, as transformers does with a rendered prompt; by default they are text,
+    /// so a message cannot open a turn of another role. For parity tests.
+    #[arg(long)]
+    content_control_tokens: bool,
     /// File with API keys, one per line.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
@@ -218,6 +223,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prefix_cache: !args.no_prefix_cache,
         max_context: context_length,
     };
+    let content_controls = match args.content_control_tokens {
+        true => None,
+        false => ControlSpellings::new(tokenizer.special_token_texts()),
+    };
     let tokenizer = Arc::new(tokenizer);
     let engine = EngineHandle::start(EngineCore::new(model, pool, config, Arc::clone(&tokenizer)));
     let state = Arc::new(ApiState {
@@ -233,6 +242,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_keys,
         admin_keys,
         log_prompts: args.log_prompts,
+        content_controls,
         browser,
         max_queue: args.max_queue.max(1),
         // One core is left to the async workers and the engine thread, so they answer at once.

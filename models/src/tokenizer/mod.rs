@@ -20,6 +20,8 @@ mod token_bytes;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use radix_templates::gguf::{GgufMetadata, read_gguf_metadata};
 use serde_json::Value as Json;
@@ -119,6 +121,8 @@ pub struct Tokenizer {
     processor_adds_bos: bool,
     /// The ids of the special added tokens.
     special_ids: BTreeSet<u32>,
+    /// The same tokenizer with special tokens encoded as text, made when first needed.
+    text_only: Arc<OnceLock<tokenizers::Tokenizer>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -253,7 +257,16 @@ impl Tokenizer {
             true => Some(special.eos.ok_or_else(|| bad("add_eos_token is set but there is no EOS token".into()))?),
             false => None,
         };
-        Ok(Self { inner, bos, eos, prepend_bos, append_eos, processor_adds_bos: processor_bos.is_some(), special_ids })
+        Ok(Self {
+            inner,
+            bos,
+            eos,
+            prepend_bos,
+            append_eos,
+            processor_adds_bos: processor_bos.is_some(),
+            special_ids,
+            text_only: Arc::default(),
+        })
     }
 
     /// Token ids of `text`. Special tokens written in the text are matched as single tokens.
@@ -271,6 +284,47 @@ impl Tokenizer {
             ids.extend(self.append_eos);
         }
         Ok(ids)
+    }
+
+    /// Token ids of a rendered prompt (no BOS or EOS added): like `encode(text, false)`, except
+    /// that a special token overlapping one of `as_text` (byte ranges, where the request's own
+    /// text spelled it) is encoded as the text it spells, so message text can never open a turn.
+    ///
+    /// Only those tokens are re-encoded, each on its own: the text around them keeps the
+    /// tokens the whole prompt's encoding gave it, so a message re-sent in the next turn
+    /// encodes the same way.
+    pub fn encode_prompt(&self, text: &str, as_text: &[Range<usize>]) -> Result<Vec<u32>> {
+        if as_text.is_empty() {
+            return self.encode(text, false);
+        }
+        let failed = |e: tokenizers::Error| TokenizerError::Encode { len: text.len(), message: e.to_string() };
+        let encoding = self.inner.encode(text, false).map_err(failed)?;
+        let text_only = self.text_only.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::with_capacity(encoding.len());
+        for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            let spelled_by_request = as_text.iter().any(|r| r.start < end && start < r.end);
+            match text.get(start..end) {
+                Some(spelling) if spelled_by_request && self.is_special(id) => {
+                    ids.extend_from_slice(text_only.encode_fast(spelling, false).map_err(failed)?.get_ids());
+                }
+                _ => ids.push(id),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The spellings of the special added tokens (the control tokens a template writes).
+    pub fn special_token_texts(&self) -> Vec<String> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|token| token.special)
+            .map(|token| token.content)
+            .collect()
     }
 
     /// The text of `ids`; with `skip_special_tokens`, special tokens are left out. Ids outside

@@ -51,11 +51,12 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     if fields.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only 'n': 1 is supported"));
     }
-    let prompt_text = state.template.render(&chat)?;
+    let rendered = state.template.render_marked(&chat, state.content_controls.as_ref())?;
     let prompt = state
         .tokenizer
-        .encode(&prompt_text, false)
+        .encode_prompt(&rendered.text, &rendered.content_controls)
         .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+    let prompt_text = rendered.text;
     let context = state.context_length;
     check_context(prompt.len(), context, "messages")?;
     let max_tokens = match fields.max_completion_tokens.or(fields.max_tokens) {

@@ -31,7 +31,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::ModelFormat;
-use radix_templates::prepare::PreparedTemplate;
+use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use serde_json::json;
 
 use crate::engine::EngineHandle;
@@ -68,6 +68,9 @@ pub struct ApiState {
     pub admin_keys: ApiKeys,
     /// Log lines may quote prompts (`--log-prompts`).
     pub log_prompts: bool,
+    /// The tokenizer's control-token spellings, which message text may write only as text;
+    /// `None` with `--content-control-tokens` (or a tokenizer without special tokens).
+    pub content_controls: Option<ControlSpellings>,
     /// Which `Host` names and CORS origins are served (`--allowed-hosts`, `--cors-origin`).
     pub browser: BrowserPolicy,
     /// Most requests waiting for admission before generation routes answer 503 (`--max-queue`).

@@ -17,9 +17,11 @@
 //!
 //! What a template accepts is found out once by [`TemplateBehavior::probe`].
 
+mod controls;
 mod probe;
 mod tools;
 
+pub use controls::{ControlSpellings, RenderedPrompt};
 pub use probe::TemplateBehavior;
 
 use serde_json::{Map, Value as Json, json};
