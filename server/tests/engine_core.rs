@@ -46,6 +46,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequ
         use_cache,
         constraint: None,
         tenant: Default::default(),
+        cache_namespace: Default::default(),
     }
 }
 

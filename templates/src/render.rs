@@ -117,7 +117,17 @@ impl ChatTemplate {
 
         let template =
             self.inner.env.get_template(name).map_err(|e| TemplateError::Syntax { message: describe(&e) })?;
-        let rendered = template.render(to_value(&ctx)).map_err(render_error)?;
+        let mut out = CappedOutput { bytes: Vec::new(), limit: RENDER_OUTPUT_LIMIT };
+        if let Err(err) = template.render_captured_to(to_value(&ctx), &mut out) {
+            return Err(match out.bytes.len() >= RENDER_OUTPUT_LIMIT {
+                true => TemplateError::BadRequest(format!(
+                    "the chat template's output passed its limit of {} MiB for this request",
+                    RENDER_OUTPUT_LIMIT >> 20
+                )),
+                false => render_error(err),
+            });
+        }
+        let rendered = String::from_utf8(out.bytes).expect("minijinja writes UTF-8");
         match continued {
             Some(final_text) => cut_at_continue_tag(rendered, &final_text),
             None => Ok(rendered),
@@ -266,6 +276,32 @@ fn render_error(err: Error) -> TemplateError {
 /// tools; this bounds a runaway template to a second or two.
 pub const RENDER_FUEL: u64 = 50_000_000;
 
+/// Most bytes one render may write. Fuel counts instructions, not bytes: one instruction that
+/// prints a 10 MB message, looped, would otherwise fill memory long before the fuel runs out.
+/// Twice the largest request body, so that every request the server accepts renders.
+pub const RENDER_OUTPUT_LIMIT: usize = 64 << 20;
+
+/// A render's output, refusing bytes past its limit (which stops the render).
+struct CappedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.bytes.extend_from_slice(&buf[..self.limit - self.bytes.len()]);
+            return Err(std::io::Error::other("the render's output limit is reached"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// How deep a render may recurse (macros count about 10 per call); minijinja's own default of
 /// 500 assumes a main thread's stack, renders run on smaller worker stacks.
 pub const RENDER_RECURSION_LIMIT: usize = 200;
@@ -403,6 +439,23 @@ mod limit_tests {
     fn unbounded_recursion_is_an_error() {
         let err = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap_err();
         assert!(err.to_string().contains("recursion"), "{err}");
+    }
+
+    #[test]
+    fn a_loop_that_prints_without_end_stops_at_the_output_limit() {
+        let started = std::time::Instant::now();
+        let big = "x".repeat(1 << 20);
+        let template = crate::testing::template_from_text(
+            "{% for a in range(100000) %}{{ messages[0].content }}{% endfor %}",
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let input =
+            RenderInput { messages: vec![serde_json::json!({"role": "user", "content": big})], ..Default::default() };
+        let err = template.render(&input).unwrap_err();
+        assert!(matches!(err, TemplateError::BadRequest(_)), "{err}");
+        assert!(err.to_string().contains("64 MiB"), "{err}");
+        assert!(started.elapsed().as_secs() < 30, "took {:?}", started.elapsed());
     }
 
     #[test]

@@ -176,6 +176,7 @@ fn misses_are_placed_and_explained() {
     let last = chunks.iter().find(|c| !c["choices"][0]["finish_reason"].is_null()).unwrap();
     assert_eq!(last["cache_report"]["reason"], Json::Null, "a repeat is a full hit: {last}");
     no_client_reads_another_clients_prompt(&server);
+    a_cache_salt_keeps_its_prefixes_to_itself(&server);
     let _ = std::fs::remove_file(template);
 }
 
@@ -212,4 +213,32 @@ fn no_client_reads_another_clients_prompt(server: &Server) {
     assert!(cache["top_prefixes"].as_array().unwrap().iter().all(|p| p.get("head").is_none()), "{cache}");
     let log = server.log().join("\n");
     assert!(!log.contains("BLUE") && !log.contains("codename"), "the log quotes prompts:\n{log}");
+}
+
+/// Requests with a `cache_salt` reuse only prefixes cached under the same salt (vLLM's
+/// isolation): another salt, or none, finds nothing of them, so no client can time another's
+/// cached prompt; the same salt hits as usual.
+fn a_cache_salt_keeps_its_prefixes_to_itself(server: &Server) {
+    let prompt = json!([
+        // Short: this server's 8 MiB of KV holds the three namespaces' copies at once.
+        {"role": "system", "content": common::filler(9, 50)},
+        {"role": "user", "content": "Which files changed?"},
+    ]);
+    let cached = |salt: Option<&str>| -> u64 {
+        let mut body = chat(prompt.clone(), 1);
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let (status, response) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{response}");
+        response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(cached(Some("tenant-a")), 0, "a new prompt");
+    assert_eq!(cached(Some("tenant-b")), 0, "another salt reads nothing of tenant-a's");
+    // Earlier checks' unsalted requests share the template's opening tokens, nothing more.
+    let unsalted = cached(None);
+    assert!(unsalted < 8, "nor does a request without a salt: {unsalted} cached tokens");
+    let hit = cached(Some("tenant-a"));
+    assert!(hit >= 48, "the same salt hits: {hit} cached tokens");
+    assert!(cached(None) >= 48, "requests without a salt share among themselves");
 }

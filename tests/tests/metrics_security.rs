@@ -12,10 +12,12 @@ use serde_json::{Value as Json, json};
 
 const KEY: &str = "k1-secret";
 
-/// ChatML with a trap: a message saying "loop forever" starts a loop of 10^10 steps. Load-time
-/// probes never say it, so the server starts; a request that does must fail, not hang.
+/// ChatML with traps: a message saying "loop forever" starts a loop of 10^10 steps, one starting
+/// "print:" prints itself a million times. Load-time probes never say either, so the server
+/// starts; a request that does must fail, not hang or fill memory.
 const TRAP_TEMPLATE: &str = "{% for m in messages %}{% if m.content == 'loop forever' %}\
 {% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{% endif %}\
+{% if m.content.startswith('print:') %}{% for a in range(1000) %}{% for b in range(1000) %}{{ m.content }}{% endfor %}{% endfor %}{% endif %}\
 <|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
 {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 const FILE_KEY: &str = "k2-from-file";
@@ -411,6 +413,15 @@ fn keys_limits_loading_and_metrics() {
     let (status, answer) = call(&server, "POST", "/v1/chat/completions", &auth, Some(&trap));
     assert_openai_error(status, &answer, 400, "a template that loops without end");
     assert!(started.elapsed() < Duration::from_secs(60), "the render gave up in {:?}", started.elapsed());
+    // A megabyte printed a million times: the render stops at its output limit (64 MiB).
+    let before = server.peak_memory_mib();
+    let printer = chat(json!([{"role": "user", "content": format!("print:{}", "x".repeat(1 << 20))}]), 2);
+    let (status, answer) = call(&server, "POST", "/v1/chat/completions", &auth, Some(&printer));
+    assert_openai_error(status, &answer, 400, "a template that prints without end");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("output"), "{answer}");
+    let after = server.peak_memory_mib();
+    eprintln!("a template printing a terabyte: peak memory {before} MiB before, {after} MiB after");
+    assert!(after < before + 512, "peak memory rose from {before} MiB to {after} MiB");
     let (status, answer) = call(&server, "GET", "/no/such/route", &auth, None);
     assert_openai_error(status, &answer, 404, "an unknown route");
     let (status, answer) = call(&server, "GET", "/v1/chat/completions", &auth, None);

@@ -52,6 +52,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         return Err(ApiError::bad_request("only 'n': 1 is supported"));
     }
     let rendered = state.template.render_marked(&chat, state.content_controls.as_ref())?;
+    super::request::check_prompt_bytes(rendered.text.len(), state.context_length, "the rendered prompt")?;
     let prompt = state
         .tokenizer
         .encode_prompt(&rendered.text, &rendered.content_controls)
@@ -70,7 +71,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         chat.tools.as_ref().is_some_and(|t| !t.is_empty()) && fields.tool_choice != Some(ToolChoice::None);
     let parser = state.format.parser_options(&prompt_text, format!("call_{}_", unique_suffix()), tools_enabled);
     let constraint = super::constrain::chat_constraint(&fields, state.format.output, &state.tokenizer)?;
-    let tenant = Tenant::new(key, fields.cache_salt.as_deref().or(fields.user.as_deref()));
+    let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
     let mut cache = super::cache_report::CacheContext::new(
         &state.template,
         &state.tokenizer,
@@ -89,6 +90,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         use_cache: output.use_cache(),
         constraint,
         tenant,
+        cache_namespace: output.cache_namespace(),
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

@@ -39,7 +39,7 @@ pub(super) fn text_spec(
     output: &GenerationFields,
     tenant: Tenant,
 ) -> Result<GenerationSpec, ApiError> {
-    let prompt = prompt_tokens(&state.tokenizer, prompt)?;
+    let prompt = prompt_tokens(&state.tokenizer, prompt, state.context_length)?;
     let context = state.context_length;
     check_context(prompt.len(), context, "prompt")?;
     let room = context - prompt.len();
@@ -55,6 +55,7 @@ pub(super) fn text_spec(
         use_cache: output.use_cache(),
         constraint: None,
         tenant,
+        cache_namespace: output.cache_namespace(),
     };
     Ok(GenerationSpec { request, parser: plain_parser(), cache: None })
 }

@@ -13,7 +13,7 @@ use serde_json::{Value as Json, json};
 use super::llama::{generation_settings, llama_defaults};
 use super::logprobs::TokenText;
 use super::preparation::off_workers;
-use super::request::{DetokenizeRequest, TokenizeRequest, parse_body, token_id, typed};
+use super::request::{DetokenizeRequest, TokenizeRequest, check_prompt_bytes, parse_body, token_id, typed};
 use super::{ApiError, ApiState};
 
 fn respond(result: Result<Json, ApiError>) -> Response {
@@ -43,6 +43,7 @@ pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) ->
                     content.len()
                 )));
             }
+            check_prompt_bytes(content.len(), state.context_length, "'content'")?;
             let tokenizer = &state.tokenizer;
             let failed = |e| ApiError::internal(format!("tokenization failed: {e}"));
             let add_special = fields.add_special.unwrap_or(false);

@@ -25,6 +25,6 @@ pub use handle::EngineHandle;
 pub use metrics::{EngineMetrics, Histogram};
 pub use pages::PageAllocator;
 pub use radix::{Inserted, NodeId, PrefixMatch, RadixCache};
-pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
+pub use request::{CacheNamespace, EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutput};

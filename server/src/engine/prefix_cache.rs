@@ -72,16 +72,19 @@ impl PrefixCache {
         self.enabled && use_cache
     }
 
-    /// How much of `tokens` the cache holds for a request with `use_cache`.
-    pub(crate) fn cached_len(&mut self, tokens: &[u32], use_cache: bool) -> usize {
-        if self.serves(use_cache) { self.tree.match_prefix(tokens).tokens } else { 0 }
+    /// How much of the first `len` tokens of `seq` the cache holds for it.
+    pub(crate) fn cached_len(&mut self, seq: &Sequence, len: usize) -> usize {
+        match self.serves(seq.request.use_cache) {
+            true => self.tree.match_prefix(&seq.cache_key(len)).tokens,
+            false => 0,
+        }
     }
 
     /// Matches the prompt's cached prefix (all but its last token, whose logits are needed),
     /// locks it, and allocates pages for the rest of the prompt. On `false` nothing changed.
     pub(crate) fn place(&mut self, seq: &mut Sequence) -> bool {
         let (node, cached, mut pages) = if self.serves(seq.request.use_cache) {
-            let m = self.tree.match_prefix(&seq.tokens[..seq.prompt_len - 1]);
+            let m = self.tree.match_prefix(&seq.cache_key(seq.prompt_len - 1));
             (Some(m.node), m.tokens, m.pages)
         } else {
             (None, 0, Vec::new())
@@ -131,9 +134,10 @@ impl PrefixCache {
         if !self.serves(seq.request.use_cache) {
             return;
         }
-        let inserted = self.tree.insert(&seq.tokens[..computed], &seq.pages);
+        let key = seq.cache_key(computed);
+        let inserted = self.tree.insert(&key, &seq.pages);
         if !inserted.duplicate_pages.is_empty() {
-            let tree_pages = self.tree.match_prefix(&seq.tokens[..inserted.present_tokens]).pages;
+            let tree_pages = self.tree.match_prefix(&key[..inserted.present_tokens]).pages;
             seq.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
             self.alloc.release(inserted.duplicate_pages);
         }
@@ -148,7 +152,7 @@ impl PrefixCache {
     /// prefix.
     pub(crate) fn release(&mut self, seq: &Sequence) {
         let kept = if self.serves(seq.request.use_cache) {
-            let inserted = self.tree.insert(&seq.tokens[..seq.computed], &seq.pages);
+            let inserted = self.tree.insert(&seq.cache_key(seq.computed), &seq.pages);
             self.alloc.release(inserted.duplicate_pages);
             seq.computed / self.page_size
         } else {

@@ -115,9 +115,8 @@ impl Scheduler {
         let mut best_cached = 0;
         for (i, seq) in self.waiting.iter().enumerate() {
             let use_cache = seq.request.use_cache;
-            let head = &seq.tokens[..seq.prompt_len - 1];
-            let cached = cache.cached_len(head, use_cache);
-            if cache.serves(use_cache) && self.shares_a_running_prefill(head, cached, cache.page_size()) {
+            let cached = cache.cached_len(seq, seq.prompt_len - 1);
+            if cache.serves(use_cache) && self.shares_a_running_prefill(seq, cached, cache.page_size()) {
                 continue;
             }
             if i == 0 && seq.arrived.elapsed() > AGING {
@@ -133,10 +132,12 @@ impl Scheduler {
 
     /// Whether a running prefill will soon put more of this prompt into the cache than it holds
     /// now: admitting it then would compute the shared part twice.
-    fn shares_a_running_prefill(&self, prompt: &[u32], cached: usize, page_size: usize) -> bool {
+    fn shares_a_running_prefill(&self, seq: &Sequence, cached: usize, page_size: usize) -> bool {
+        let prompt = &seq.tokens[..seq.prompt_len - 1];
         self.running.iter().any(|r| {
             r.computed < r.prompt_len
                 && r.request.use_cache
+                && r.request.cache_namespace == seq.request.cache_namespace
                 && r.tokens[..r.prompt_len].iter().zip(prompt).take_while(|(a, b)| a == b).count() >= cached + page_size
         })
     }

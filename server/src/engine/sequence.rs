@@ -44,6 +44,11 @@ pub(crate) enum Ending {
 }
 
 impl Sequence {
+    /// The radix tree's key for the first `len` tokens (see [`super::CacheNamespace::key`]).
+    pub(crate) fn cache_key(&self, len: usize) -> std::borrow::Cow<'_, [u32]> {
+        self.request.cache_namespace.key(&self.tokens[..len])
+    }
+
     /// A request just arrived, waiting for admission; `text` decodes its output.
     pub(crate) fn new(request: GenerateRequest, events: UnboundedSender<EngineEvent>, text: StopText) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt);

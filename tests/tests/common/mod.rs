@@ -54,6 +54,14 @@ impl Server {
         Server { child, base, log }
     }
 
+    /// The server process's peak resident memory so far (Linux's `VmHWM`), in MiB.
+    #[allow(dead_code)] // Not every test binary measures memory.
+    pub fn peak_memory_mib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("Linux /proc");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc/PID/status");
+        line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).expect("a number of kB") / 1024
+    }
+
     /// The server's stderr so far, one line per entry.
     #[allow(dead_code)] // Not every test binary reads the log.
     pub fn log(&self) -> Vec<String> {

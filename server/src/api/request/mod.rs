@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 
 use super::ApiError;
+use crate::engine::CacheNamespace;
 pub(crate) use llama::{DetokenizeRequest, LlamaCompletionRequest, TokenizeRequest};
 pub(crate) use openai::{
     ChatBody, ChatCompletionRequest, CompletionRequest, FunctionDefinition, ResponseFormat, ToolChoice, ToolDefinition,
@@ -111,6 +112,9 @@ pub(crate) struct GenerationFields {
     pub(crate) stream_options: Option<StreamOptions>,
     /// Reuse cached prefixes (llama.cpp's name; default true).
     pub(crate) cache_prompt: Option<bool>,
+    /// Reuse only prefixes cached by requests with the same salt (vLLM's name); it also
+    /// separates the cache report from other clients' where no API key does.
+    pub(crate) cache_salt: Option<String>,
 }
 
 impl GenerationFields {
@@ -127,6 +131,11 @@ impl GenerationFields {
     /// Reuse cached prefixes.
     pub(crate) fn use_cache(&self) -> bool {
         self.cache_prompt.unwrap_or(true)
+    }
+
+    /// The part of the prefix cache this request reads and extends.
+    pub(crate) fn cache_namespace(&self) -> CacheNamespace {
+        CacheNamespace::new(self.cache_salt.as_deref())
     }
 }
 
@@ -147,6 +156,28 @@ pub(crate) fn top_logprobs(value: Option<i64>, name: &str) -> Result<Option<usiz
         Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => Ok(Some(n as usize)),
         Some(n) => Err(ApiError::bad_request(format!("'{name}' must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"))),
     }
+}
+
+/// Most bytes of text per token of context a prompt may have before it is tokenized. Text runs
+/// about 4 bytes a token; past 32 it could not fit the context, and tokenizing it would cost
+/// time and memory (about 170 bytes of memory per byte of text) for a certain 400.
+const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
+
+/// The most prompt text tokenized for a context of `context` tokens (at least 1 MiB).
+pub(crate) fn max_prompt_bytes(context: usize) -> usize {
+    (context * MAX_PROMPT_BYTES_PER_TOKEN).max(1 << 20)
+}
+
+/// 400 when a prompt's text (`bytes` long) is too long to fit the context in any tokenization.
+pub(crate) fn check_prompt_bytes(bytes: usize, context: usize, what: &str) -> Result<(), ApiError> {
+    let limit = max_prompt_bytes(context);
+    if bytes > limit {
+        return Err(ApiError::bad_request(format!(
+            "{what} is {bytes} bytes of text, more than the {limit} ({MAX_PROMPT_BYTES_PER_TOKEN} per token) \
+             that could fit this model's context of {context} tokens; shorten it"
+        )));
+    }
+    Ok(())
 }
 
 /// 400 when a prompt does not fit the context.

@@ -56,8 +56,6 @@ pub(crate) struct ChatCompletionRequest {
     pub(crate) response_format: Option<ResponseFormat>,
     /// Return the cache report in the body.
     pub(crate) cache_report: Option<bool>,
-    /// Separates this client's cache report from others' (vLLM's name), where no API key does.
-    pub(crate) cache_salt: Option<String>,
     /// OpenAI's end-user id; the tenant when there is no `cache_salt`.
     pub(crate) user: Option<String>,
 }

@@ -10,12 +10,13 @@ use super::super::ApiError;
 /// one). Strings are tokenized with the tokenizer's own special tokens (a BOS only where the
 /// model's tokenizer config adds one, as llama-server's `add_special`), and only a string at the
 /// very start gets them. Several prompts in one request are refused: we answer one completion.
-pub(crate) fn prompt_tokens(tokenizer: &Tokenizer, prompt: Option<&Json>) -> Result<Vec<u32>, ApiError> {
+/// Text that could not fit a context of `context` tokens is refused before it is tokenized.
+pub(crate) fn prompt_tokens(tokenizer: &Tokenizer, prompt: Option<&Json>, context: usize) -> Result<Vec<u32>, ApiError> {
     let prompt = prompt.ok_or_else(|| ApiError::bad_request("'prompt' is required"))?;
     let tokens = match prompt {
-        Json::Array(items) if items.iter().any(Json::is_number) => mixed_tokens(tokenizer, items)?,
+        Json::Array(items) if items.iter().any(Json::is_number) => mixed_tokens(tokenizer, items, context)?,
         Json::Array(items) => match items.as_slice() {
-            [one] => return prompt_tokens(tokenizer, Some(one)),
+            [one] => return prompt_tokens(tokenizer, Some(one), context),
             [] => Vec::new(),
             _ => return Err(ApiError::bad_request("only one prompt per request is supported; send one request each")),
         },
@@ -23,10 +24,10 @@ pub(crate) fn prompt_tokens(tokenizer: &Tokenizer, prompt: Option<&Json>) -> Res
             return Err(ApiError::bad_request("multimodal prompts are not supported"));
         }
         Json::Object(o) => match o.get("prompt_string") {
-            Some(text) => return prompt_tokens(tokenizer, Some(text)),
+            Some(text) => return prompt_tokens(tokenizer, Some(text), context),
             None => return Err(ApiError::bad_request("a prompt object needs 'prompt_string'")),
         },
-        other => mixed_tokens(tokenizer, std::slice::from_ref(other))?,
+        other => mixed_tokens(tokenizer, std::slice::from_ref(other), context)?,
     };
     if tokens.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty"));
@@ -34,7 +35,9 @@ pub(crate) fn prompt_tokens(tokenizer: &Tokenizer, prompt: Option<&Json>) -> Res
     Ok(tokens)
 }
 
-fn mixed_tokens(tokenizer: &Tokenizer, items: &[Json]) -> Result<Vec<u32>, ApiError> {
+fn mixed_tokens(tokenizer: &Tokenizer, items: &[Json], context: usize) -> Result<Vec<u32>, ApiError> {
+    let text_bytes: usize = items.iter().filter_map(Json::as_str).map(str::len).sum();
+    super::check_prompt_bytes(text_bytes, context, "the prompt")?;
     let mut tokens = Vec::new();
     for (i, item) in items.iter().enumerate() {
         match item {
