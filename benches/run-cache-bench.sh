@@ -31,6 +31,8 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 
 log "locating/building llama.cpp"
 llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
+log "peer: $(cat "$llama_bin/build-flags.txt")"
+mkdir -p "$OUT" && cp "$llama_bin/build-flags.txt" "$OUT/llama-build-flags.txt"
 model=$(scripts/bench-model.sh "$MODEL")
 
 case "$MODEL" in

@@ -48,6 +48,7 @@ ours="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sy
 log "locating/building llama.cpp"
 llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
 "$llama_bin/llama-bench" --version >"$OUT/llama-version.txt" 2>&1 || true
+cat "$llama_bin/build-flags.txt" >>"$OUT/llama-version.txt"
 
 model_path() { PYTHON="$PYTHON" scripts/bench-model.sh "$1"; }
 

@@ -6,18 +6,40 @@
 #
 #   scripts/build-llama-cpp.sh          build if needed; print the directory holding the binaries
 #
-# Idempotent: a finished build (bin/.stamp naming the sdist hash) is reused. Takes ~15-30 minutes
-# on 2 cores the first time; run it niced on a shared machine. JOBS (default: nproc) sets -j.
+# Idempotent: a finished build (bin-VARIANT/.stamp naming the sdist hash) is reused. Takes ~15-30
+# minutes on 2 cores the first time; run it niced on a shared machine. JOBS (default: nproc) sets -j.
+#
+# Not GGML_NATIVE: on Intel machines that report AMX while the OS grants no AMX tile state (the
+# cloud machines we test on), -march=native builds ggml's AMX matmul and llama-server dies with
+# SIGILL in `tilezero`. The instruction sets are named instead, from /proc/cpuinfo, AMX always
+# off; the VARIANT (e.g. avx2-avx512-vnni) names the build, and bin-VARIANT/build-flags.txt
+# records its cmake flags for the benchmark reports.
 set -euo pipefail
 
 version=0.3.36
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 root="${RADIX_LLAMA_CACHE:-$HOME/.cache/radix-serve/llama.cpp}"
 dir="$root/$version"
-bin="$dir/bin"
 tools=(llama-bench llama-quantize llama-server)
 
 die() { echo "build-llama-cpp.sh: $*" >&2; exit 1; }
+
+# ggml's option for each CPU flag this machine has (x86-64; elsewhere ggml's defaults stand).
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+isa=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+variant=""
+for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+  avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+  flag=${pair%%:*} option=${pair#*:}
+  if [[ "$cpu_flags" == *" $flag "* ]]; then
+    isa+=("-DGGML_$option=ON")
+    variant+="${variant:+-}$(echo "$option" | tr 'A-Z_' 'a-z-')"
+  else
+    isa+=("-DGGML_$option=OFF")
+  fi
+done
+variant=${variant:-generic}
+bin="$dir/bin-$variant"
 
 if [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$sha" ]; then
   echo "$bin"; exit 0
@@ -56,9 +78,9 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   rm -rf "$dir/.unpack"
 fi
 
-build="$dir/build"
-"$venv/bin/cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
+build="$dir/build-$variant"
+"$venv/bin/cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF "${isa[@]}" \
+  -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
 # One tool at a time, the benchmark's first: llama-server is the slowest to compile.
@@ -71,5 +93,6 @@ for t in "${tools[@]}"; do
   [ -x "$build/bin/$t" ] || die "$t was not built"
   cp "$build/bin/$t" "$bin/$t"
 done
+echo "llama.cpp of llama-cpp-python==$version, CPU variant $variant: ${isa[*]}" >"$bin/build-flags.txt"
 echo "$sha" >"$bin/.stamp"
 echo "$bin"

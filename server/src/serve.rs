@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// so a message cannot open a turn of another role. For parity tests.
     #[arg(long)]
     content_control_tokens: bool,
+    /// Keep Claude Code's `x-anthropic-billing-header: ...` system block in prompts. By default
+    /// it is left out: its nonce changes with every request, so every request would miss the
+    /// prefix cache from its first tokens on.
+    #[arg(long)]
+    keep_billing_header: bool,
     /// File with API keys, one per line.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
@@ -243,6 +248,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         admin_keys,
         log_prompts: args.log_prompts,
         content_controls,
+        keep_billing_header: args.keep_billing_header,
         browser,
         max_queue: args.max_queue.max(1),
         // One core is left to the async workers and the engine thread, so they answer at once.

@@ -247,3 +247,30 @@ fn a_client_gone_after_its_first_tokens_counts_in_the_latency_histograms() {
     assert_eq!(latency_counts(&engine), (1, 1));
     assert_eq!(engine.metrics().generated_tokens, tokens as u64);
 }
+
+#[test]
+fn a_cache_namespace_reuses_only_its_own_prefixes() {
+    use radix_serve::engine::CacheNamespace;
+    let mut engine = engine(256, 4, true);
+    let salted = |salt: Option<&str>| GenerateRequest {
+        cache_namespace: CacheNamespace::new(salt),
+        ..request(prompt(3, &[], 40), 2, true)
+    };
+    let cached = |engine: &mut EngineCore, salt| run(engine, vec![salted(salt)])[0].cached;
+    assert_eq!(cached(&mut engine, Some("a")), 0);
+    assert_eq!(cached(&mut engine, Some("b")), 0, "another namespace starts cold");
+    assert_eq!(cached(&mut engine, None), 0, "so does the shared one");
+    assert!(cached(&mut engine, Some("a")) >= 36, "the same namespace hits");
+    assert!(cached(&mut engine, None) >= 36);
+}
+
+#[test]
+fn counts_show_a_step_as_soon_as_it_is_scheduled() {
+    let mut engine = engine(256, 4, true);
+    let (tx, _rx) = unbounded_channel();
+    engine.add(request(prompt(5, &[], 12), 2, true), tx);
+    assert_eq!((engine.stats().running, engine.stats().waiting), (0, 1));
+    let scheduled = engine.schedule_step().expect("a prompt to prefill");
+    assert_eq!((engine.stats().running, engine.stats().waiting), (1, 0), "admitted before the forward pass");
+    engine.run_step(scheduled);
+}

@@ -166,6 +166,28 @@ fn check_cache_across_turns(server: &Server) {
     assert_eq!(chat["choices"][0]["message"]["content"].as_str(), Some(text_of(&response).as_str()));
 }
 
+/// Claude Code's first system block is billing metadata whose nonce changes with every request;
+/// it is left out of the prompt, so two requests that differ only in it share their whole prompt.
+fn check_billing_nonce(server: &Server) {
+    let request = |nonce: &str| {
+        let mut body = message(json!([{"role": "user", "content": "List the files in src/."}]), 2);
+        body["system"] = json!([
+            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.3.f1e; cc_entrypoint=cli; cch={nonce};")},
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+            {"type": "text", "text": filler(11, 400), "cache_control": {"type": "ephemeral"}}
+        ]);
+        let (status, response) = server.post("/v1/messages", &body);
+        assert_eq!(status, 200, "{response}");
+        (usage(&response, "cache_read_input_tokens"), usage(&response, "input_tokens"))
+    };
+    request("a1b2c");
+    let (cached, computed) = request("f9e8d");
+    let ratio = cached as f64 / (cached + computed) as f64;
+    assert!(ratio >= 0.95, "the second request is {:.1}% cached ({cached} of {})", ratio * 100.0, cached + computed);
+    let log = server.log().join("\n");
+    assert_eq!(log.matches("billing block").count(), 1, "logged once:\n{log}");
+}
+
 /// An assistant `tool_use` and the user's `tool_result` render into the prompt (it grows), the
 /// same way the OpenAI API renders `tool_calls` and a `tool` message.
 fn check_tool_round_trip(server: &Server) {
@@ -282,6 +304,7 @@ fn anthropic_messages_api() {
     assert_eq!(response["stop_reason"], "max_tokens", "{response}");
     assert_eq!(usage(&response, "output_tokens"), 2);
     check_cache_across_turns(&server);
+    check_billing_nonce(&server);
     check_tool_round_trip(&server);
     check_errors(&server);
     server.wait_idle();

@@ -2,13 +2,16 @@
 //!
 //! ```text
 //! load-test --base-url http://127.0.0.1:8080 [--clients 32] [--duration-s 180] [--max-tokens 32]
-//!           [--seed 1] [--model smollm2] [--system-prompts 4] [--max-turns 6]
+//!           [--seed 1] [--model smollm2] [--system-prompts 4] [--max-turns 6] [--disconnect-percent 0]
 //! ```
 //!
 //! Every client thread loops over streaming chat requests (`stream: true` with
 //! `stream_options.include_usage`): conversations that start from one of a few shared system
 //! prompts and grow turn by turn with the replies, so the prefix cache sees sharing across
 //! clients, growth within a client, and eviction once all of them together no longer fit. When
+//! `--disconnect-percent` of the requests, chosen at random, hang up after a random number of
+//! chunks (0 to 8: while queued, during prefill, or while decoding), as clients that are
+//! cancelled or crash do; the server must free what they held. When
 //! the time is up, in-flight requests finish, the server must drain (`/health`: nothing running
 //! or waiting), and then every KV page must be free or held by the cache. Exits non-zero on any
 //! failed request or a leaked page; prints a Markdown table.
@@ -49,6 +52,9 @@ struct Cli {
     /// Most user turns of one conversation before the client starts a new one.
     #[arg(long, default_value_t = 6)]
     max_turns: usize,
+    /// Percent of requests that hang up after a random number (0-8) of stream chunks.
+    #[arg(long, default_value_t = 0)]
+    disconnect_percent: usize,
 }
 
 const WORDS: &[&str] = &[
@@ -79,12 +85,20 @@ struct Sample {
 #[derive(Default)]
 struct Totals {
     samples: Vec<Sample>,
+    /// Requests the client hung up on, by design.
+    disconnected: usize,
     failed: usize,
     errors: Vec<String>,
 }
 
 /// One streamed chat request, read to `[DONE]`; returns the measurements and the reply text.
-fn stream_chat(agent: &ureq::Agent, url: &str, body: &Json) -> Result<(Sample, String)> {
+/// With `hang_up_after`, the connection is dropped after that many chunks instead (`None`).
+fn stream_chat(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &Json,
+    hang_up_after: Option<usize>,
+) -> Result<Option<(Sample, String)>> {
     let start = Instant::now();
     let response = match agent.post(url).send_json(body) {
         Ok(r) => r,
@@ -92,9 +106,14 @@ fn stream_chat(agent: &ureq::Agent, url: &str, body: &Json) -> Result<(Sample, S
         Err(e) => bail!("no answer: {e}"),
     };
     let (mut ttft, mut reply, mut usage, mut done) = (None, String::new(), None, false);
+    let mut chunks = 0;
     for line in BufReader::new(response.into_reader()).lines() {
+        if hang_up_after.is_some_and(|n| chunks >= n) {
+            return Ok(None);
+        }
         let line = line.context("reading the stream")?;
         let Some(data) = line.strip_prefix("data: ") else { continue };
+        chunks += 1;
         if data == "[DONE]" {
             done = true;
             break;
@@ -130,7 +149,7 @@ fn stream_chat(agent: &ureq::Agent, url: &str, body: &Json) -> Result<(Sample, S
         cached_tokens: count(&usage["prompt_tokens_details"]["cached_tokens"])?,
         completion_tokens: count(&usage["completion_tokens"])?,
     };
-    Ok((sample, reply))
+    Ok(Some((sample, reply)))
 }
 
 /// One client: conversations from a shared system prompt, growing by a turn per request.
@@ -152,10 +171,15 @@ fn client(cli: &Cli, id: usize, systems: &[String], deadline: Instant, totals: &
             "model": cli.model, "messages": messages, "max_tokens": cli.max_tokens, "stream": true,
             "stream_options": {"include_usage": true}, "temperature": 0.8, "seed": rng.next_u64() >> 33,
         });
-        let outcome = stream_chat(&agent, &url, &body);
+        let hang_up = (rng.range(0, 99) < cli.disconnect_percent).then(|| rng.range(0, 8));
+        let outcome = stream_chat(&agent, &url, &body, hang_up);
         let mut totals = totals.lock().expect("no client panics holding the lock");
         match outcome {
-            Ok((sample, reply)) => {
+            Ok(None) => {
+                totals.disconnected += 1;
+                messages.pop();
+            }
+            Ok(Some((sample, reply))) => {
                 totals.samples.push(sample);
                 messages.push(json!({"role": "assistant", "content": reply}));
                 turns = (turns + 1) % cli.max_turns.max(1);
@@ -259,6 +283,7 @@ fn main() -> Result<()> {
         ("duration (s, until the last request ended)", format!("{:.1}", wall.as_secs_f64())),
         ("max_tokens", cli.max_tokens.to_string()),
         ("requests ok", totals.samples.len().to_string()),
+        ("requests the client hung up on", totals.disconnected.to_string()),
         ("requests failed", totals.failed.to_string()),
         (
             "TTFT p50 / p95 / max (ms)",

@@ -19,8 +19,8 @@ mod gguf_vocab;
 mod token_bytes;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use radix_templates::gguf::{GgufMetadata, read_gguf_metadata};

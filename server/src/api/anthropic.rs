@@ -49,7 +49,7 @@ pub(super) async fn error_shape(request: axum::extract::Request, next: axum::mid
 
 /// Parses, converts and prepares a Messages body.
 fn read(state: &ApiState, body: &[u8], generation: bool, key: Option<&str>) -> Result<PreparedChat, ApiError> {
-    let chat = to_chat_body(&parse_body(body)?, generation)?;
+    let chat = to_chat_body(&parse_body(body)?, generation, state.keep_billing_header)?;
     let mut prepared = prepare(state, chat, key)?;
     prepared.spec.parser.tool_call_id_prefix = format!("toolu_{}_", unique_suffix());
     Ok(prepared)

@@ -18,13 +18,33 @@ use super::request::{
     ToolDefinition, typed,
 };
 
+/// What Claude Code's billing metadata block starts with. It carries a nonce that changes with
+/// every request (`x-anthropic-billing-header: cc_version=…; cc_entrypoint=…; cch=<nonce>;`) and
+/// comes first in `system`, so kept, it would make every request miss the cache from its first
+/// tokens on. It is addressed to Anthropic's billing, not to the model.
+const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+
 /// Reads a Messages body into a chat body. `generation` is false for `count_tokens`, which
-/// takes no `max_tokens`. Errors are HTTP 400s that name the field.
-pub(super) fn to_chat_body(body: &Json, generation: bool) -> Result<ChatBody, ApiError> {
+/// takes no `max_tokens`; with `keep_billing_header` (`--keep-billing-header`) Claude Code's
+/// billing block stays in the system prompt. Errors are HTTP 400s that name the field.
+pub(super) fn to_chat_body(body: &Json, generation: bool, keep_billing_header: bool) -> Result<ChatBody, ApiError> {
     if !body.is_object() {
         return Err(ApiError::bad_request("the request body must be a JSON object"));
     }
-    let request: MessagesRequest = typed(body)?;
+    let mut request: MessagesRequest = typed(body)?;
+    if !keep_billing_header && let Some(TextOrBlocks::Blocks(blocks)) = &mut request.system {
+        let before = blocks.len();
+        blocks.retain(|b| !b.text().trim_start().starts_with(BILLING_HEADER));
+        if blocks.len() < before {
+            static LOGGED: std::sync::Once = std::sync::Once::new();
+            LOGGED.call_once(|| {
+                eprintln!(
+                    "radix-serve: Claude Code's billing block ({BILLING_HEADER} ...) is left out of prompts: its nonce \
+                     changes with every request and would defeat the prefix cache (--keep-billing-header keeps it)"
+                )
+            });
+        }
+    }
     convert(request, generation).map_err(ApiError::bad_request)
 }
 
@@ -260,7 +280,7 @@ mod tests {
 
     /// The chat body as the OpenAI request it stands for, with the Messages body's error text.
     fn to_chat_body(body: &Json, generation: bool) -> Result<Json, String> {
-        let chat = super::to_chat_body(body, generation).map_err(|e| e.message())?;
+        let chat = super::to_chat_body(body, generation, false).map_err(|e| e.message())?;
         let mut out = chat.conversation.to_json();
         if chat.conversation.add_generation_prompt {
             out.as_object_mut().unwrap().remove("add_generation_prompt");
@@ -284,6 +304,16 @@ mod tests {
             out["stop"] = json!(chat.output.stop.0);
         }
         Ok(out)
+    }
+
+    #[test]
+    fn claude_codes_billing_block_is_left_out_unless_kept() {
+        let body = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abc;"},
+                       {"type": "text", "text": "You are Claude Code."}]});
+        let system = |keep| super::to_chat_body(&body, true, keep).unwrap().conversation.messages[0]["content"].clone();
+        assert_eq!(system(false), "You are Claude Code.");
+        assert_eq!(system(true), "x-anthropic-billing-header: cc_version=1; cch=abc;\n\nYou are Claude Code.");
     }
 
     #[test]

@@ -51,7 +51,8 @@ pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) ->
                 true => tokenizer.encode(content, add_special).map_err(failed)?,
                 false => {
                     let bos = tokenizer.bos_token_id().filter(|_| add_special && tokenizer.add_bos());
-                    let text = tokenizer.encode_prompt(content, &[0..content.len()]).map_err(failed)?;
+                    let whole = 0..content.len();
+                    let text = tokenizer.encode_prompt(content, std::slice::from_ref(&whole)).map_err(failed)?;
                     bos.into_iter().chain(text).collect()
                 }
             };

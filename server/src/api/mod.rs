@@ -71,6 +71,9 @@ pub struct ApiState {
     /// The tokenizer's control-token spellings, which message text may write only as text;
     /// `None` with `--content-control-tokens` (or a tokenizer without special tokens).
     pub content_controls: Option<ControlSpellings>,
+    /// Keep Claude Code's billing block in Anthropic requests' system prompt
+    /// (`--keep-billing-header`); by default it is left out, so the system prompt stays a prefix.
+    pub keep_billing_header: bool,
     /// Which `Host` names and CORS origins are served (`--allowed-hosts`, `--cors-origin`).
     pub browser: BrowserPolicy,
     /// Most requests waiting for admission before generation routes answer 503 (`--max-queue`).

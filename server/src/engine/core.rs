@@ -52,6 +52,12 @@ pub struct EngineStats {
 /// concurrent agent sessions with their subagents.
 const RECENT_SEQUENCES: usize = 32;
 
+/// A batch the engine has scheduled and not yet run (see [`EngineCore::schedule_step`]).
+pub struct ScheduledStep {
+    batch: ForwardBatch,
+    members: Vec<Member>,
+}
+
 /// The engine's state; lives on the engine thread.
 pub struct EngineCore {
     model: Model,
@@ -140,7 +146,21 @@ impl EngineCore {
 
     /// One step: schedule, run one forward pass, postprocess its logits.
     pub fn step(&mut self) {
-        let Some((batch, members)) = self.schedule() else { return };
+        if let Some(scheduled) = self.schedule_step() {
+            self.run_step(scheduled);
+        }
+    }
+
+    /// The first half of [`EngineCore::step`]: ends what clients left, admits what fits and
+    /// builds the batch (`None`: nothing to compute). The engine thread publishes its counts
+    /// between the halves, so `/health` shows what this step runs, not what the last one ran.
+    pub fn schedule_step(&mut self) -> Option<ScheduledStep> {
+        self.schedule().map(|(batch, members)| ScheduledStep { batch, members })
+    }
+
+    /// The second half of [`EngineCore::step`]: the forward pass and its postprocessing.
+    pub fn run_step(&mut self, scheduled: ScheduledStep) {
+        let ScheduledStep { batch, members } = scheduled;
         if let Some(token) = self.fault_token
             && batch.tokens.contains(&token)
         {

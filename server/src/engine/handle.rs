@@ -129,9 +129,17 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
         while let Ok(command) = inbox.try_recv() {
             handle(command, &mut core);
         }
+        let publish = |core: &EngineCore| *shared.stats.lock().expect("stats lock is never poisoned") = core.stats();
         // A panic in a step (a bug, a device failure) fails the sequences of that batch; the
         // engine goes on with a fresh cache instead of stopping for good.
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.step())) {
+        let step = || {
+            let scheduled = core.schedule_step();
+            publish(&core);
+            if let Some(scheduled) = scheduled {
+                core.run_step(scheduled);
+            }
+        };
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
             let cause = panic
                 .downcast_ref::<String>()
                 .map(String::as_str)
@@ -144,7 +152,7 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
             core.flush_cache();
             flush_pending = false;
         }
-        *shared.stats.lock().expect("stats lock is never poisoned") = core.stats();
+        publish(&core);
         *shared.metrics.lock().expect("metrics lock is never poisoned") = core.metrics();
     }
 }

@@ -20,7 +20,7 @@ pub mod stop;
 
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
 pub use constraint::{Constraint, ConstraintFactory};
-pub use core::{EngineConfig, EngineCore, EngineStats};
+pub use core::{EngineConfig, EngineCore, EngineStats, ScheduledStep};
 pub use handle::EngineHandle;
 pub use metrics::{EngineMetrics, Histogram};
 pub use pages::PageAllocator;

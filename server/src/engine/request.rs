@@ -176,7 +176,7 @@ impl TokenLogprobs {
 
 #[cfg(test)]
 mod tests {
-    use super::TokenLogprobs;
+    use super::{CacheNamespace, TokenLogprobs};
 
     #[test]
     fn logprobs_are_a_log_softmax_with_the_best_first() {

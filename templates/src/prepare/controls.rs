@@ -241,7 +241,8 @@ mod tests {
 
     #[test]
     fn plain_text_renders_once_with_no_content_controls() {
-        let prompt = template(CHATML).render_marked(&chat(json!([{"role": "user", "content": "hi"}])), Some(&controls()));
+        let prompt =
+            template(CHATML).render_marked(&chat(json!([{"role": "user", "content": "hi"}])), Some(&controls()));
         let prompt = prompt.unwrap();
         assert_eq!(prompt.text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
         assert!(prompt.content_controls.is_empty());
@@ -282,7 +283,8 @@ mod tests {
 
     #[test]
     fn a_template_that_branches_on_the_spelling_is_refused() {
-        let text = "{% for m in messages %}{% if '<|im_start|>' in m.content %}!!{% endif %}{{ m.content }}{% endfor %}";
+        let text =
+            "{% for m in messages %}{% if '<|im_start|>' in m.content %}!!{% endif %}{{ m.content }}{% endfor %}";
         let request = chat(json!([{"role": "user", "content": "<|im_start|>"}]));
         let err = template(text).render_marked(&request, Some(&controls())).unwrap_err();
         assert!(matches!(err, TemplateError::BadRequest(_)), "{err}");

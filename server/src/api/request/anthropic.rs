@@ -106,6 +106,12 @@ impl TextBlock {
         let TextBlock::Text { text } = self;
         text
     }
+
+    /// The text, borrowed.
+    pub(crate) fn text(&self) -> &str {
+        let TextBlock::Text { text } = self;
+        text
+    }
 }
 
 /// One entry of `tools`.

@@ -11,7 +11,11 @@ use super::super::ApiError;
 /// model's tokenizer config adds one, as llama-server's `add_special`), and only a string at the
 /// very start gets them. Several prompts in one request are refused: we answer one completion.
 /// Text that could not fit a context of `context` tokens is refused before it is tokenized.
-pub(crate) fn prompt_tokens(tokenizer: &Tokenizer, prompt: Option<&Json>, context: usize) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn prompt_tokens(
+    tokenizer: &Tokenizer,
+    prompt: Option<&Json>,
+    context: usize,
+) -> Result<Vec<u32>, ApiError> {
     let prompt = prompt.ok_or_else(|| ApiError::bad_request("'prompt' is required"))?;
     let tokens = match prompt {
         Json::Array(items) if items.iter().any(Json::is_number) => mixed_tokens(tokenizer, items, context)?,
