@@ -7,6 +7,7 @@
 //! layout, [`PagedLayout`].
 
 use candle_core::{DType, Device, Tensor};
+use half::vec::HalfBitsVecExt;
 use half::{bf16, f16};
 use radix_kernels::PagedLayout;
 
@@ -48,8 +49,11 @@ impl KvStorage {
     fn zeros(dtype: KvDType, len: usize, device: Option<&Device>) -> Result<Self> {
         Ok(match (device, dtype) {
             (None, KvDType::F32) => KvStorage::F32(vec![0.0; len]),
-            (None, KvDType::F16) => KvStorage::F16(vec![f16::ZERO; len]),
-            (None, KvDType::BF16) => KvStorage::BF16(vec![bf16::ZERO; len]),
+            // Zeroed as integers, which the allocator gets as untouched zero pages: a pool sized
+            // for long contexts costs memory only as it fills (`vec![f16::ZERO; n]` writes every
+            // element, so the whole budget would be resident from start-up).
+            (None, KvDType::F16) => KvStorage::F16(vec![0u16; len].reinterpret_into::<f16>()),
+            (None, KvDType::BF16) => KvStorage::BF16(vec![0u16; len].reinterpret_into::<bf16>()),
             (Some(device), dtype) => KvStorage::Tensor(Tensor::zeros(len, dtype.candle(), device)?),
         })
     }

@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use radix_models::tokenizer::Tokenizer;
-use radix_models::{HubOptions, KvDType, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model};
+use radix_models::{
+    HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model,
+};
 use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
+use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
@@ -34,9 +37,10 @@ pub struct ServeArgs {
     /// Most sequences decoding at once.
     #[arg(long = "parallel", default_value_t = 4)]
     parallel: usize,
-    /// KV cache budget in MiB.
-    #[arg(long = "kv-cache", default_value_t = 256)]
-    kv_cache_mib: usize,
+    /// KV cache budget in MiB (default: `--parallel` full contexts, at least 256 MiB, at most
+    /// half the available memory; see the README's "Context and KV cache").
+    #[arg(long = "kv-cache")]
+    kv_cache_mib: Option<usize>,
     /// Tokens per KV page (1 matches prefixes exactly).
     #[arg(long, default_value_t = 1)]
     page_size: usize,
@@ -207,7 +211,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             stop_tokens.push(id);
         }
     }
-    let pool = model.kv_pool_with_budget(args.page_size, args.kv_cache_mib << 20, KvDType::F16)?;
+    let page_size = args.page_size.max(1);
+    let sizing = KvRequest {
+        token_bytes: KvPool::page_bytes(model.config(), 1, KvDType::F16),
+        page_size,
+        trained_context: model.config().max_position_embeddings,
+        ctx_size: args.ctx_size,
+        kv_cache_mib: args.kv_cache_mib,
+        parallel: args.parallel.max(1),
+        available_bytes: if model.device().is_cpu() { available_host_memory() } else { None },
+    }
+    .size()
+    .map_err(anyhow::Error::msg)?;
+    for note in &sizing.notes {
+        eprintln!("radix-serve: {note}");
+    }
+    let pool = model.kv_pool_with_budget(page_size, sizing.budget_bytes, KvDType::F16)?;
     let device = device_name(model.device());
     let capacity = pool.num_pages() * pool.page_size();
     // A sequence can never be longer than the pool (one page stays spare for the first
@@ -215,12 +234,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // the usual wording instead of a failure inside the engine.
     let wanted_context = args.ctx_size.unwrap_or(model.config().max_position_embeddings);
     let context_length = wanted_context.min(capacity.saturating_sub(pool.page_size()).max(1));
-    if context_length < wanted_context {
-        eprintln!(
-            "radix-serve: the KV cache holds {capacity} tokens, so the context is {context_length} instead of \
-             {wanted_context}; raise --kv-cache for longer prompts"
-        );
-    }
     let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
     let config = EngineConfig {
         max_running: args.parallel.max(1),

@@ -59,3 +59,28 @@ fn unsafe_security_flags_are_start_up_errors() {
         assert!(!stderr.contains("panicked"), "{flags:?} panicked:\n{stderr}");
     }
 }
+
+/// `-c` is the context served: the default KV budget grows to hold it (it used to stay at
+/// 256 MiB and lower a Qwen3-0.6B-shaped model's 16,384 to 2,339), and a `--kv-cache` too small
+/// for an explicit `-c` is a start-up error naming both figures, not a server that answers 400
+/// to prompts the user asked it to take.
+#[test]
+fn the_context_asked_for_is_the_context_served() {
+    let model = asset("smollm2");
+    let out = Command::new(common::binary())
+        .args(["--port", "0", "-c", "16384", "--kv-cache", "64", "-m"])
+        .arg(&model)
+        .output()
+        .expect("radix-serve runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "conflicting -c and --kv-cache must not start");
+    assert!(stderr.contains("-c 16384 needs") && stderr.contains("--kv-cache is 64 MiB"), "{stderr}");
+    assert!(stderr.contains("raise --kv-cache to"), "{stderr}");
+
+    // SmolLM2 takes 22.5 KiB of KV a token: 16,384 of them are more than the old 256 MiB.
+    let server = common::Server::start(&["-c", "16384"]);
+    let log = server.log().join("\n");
+    assert!(log.contains("context 16384;"), "the start-up line names the context asked for:\n{log}");
+    let props = server.get("/props");
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 16384, "{props}");
+}
