@@ -43,6 +43,9 @@ pub enum ModelError {
     /// The model source (path or hub id) could not be resolved.
     #[error("{0}")]
     Source(String),
+    /// The default model could not be fetched or failed its checks.
+    #[error("cannot fetch {0}")]
+    Fetch(String),
     /// A batch handed to `forward` is inconsistent with itself or with the KV pool.
     #[error("invalid batch: {0}")]
     Batch(String),

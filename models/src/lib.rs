@@ -11,6 +11,7 @@ pub mod batch;
 mod candle_pool;
 pub mod config;
 mod cpu_matmul;
+pub mod default_model;
 pub mod device;
 pub mod error;
 pub mod kv_pool;

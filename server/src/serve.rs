@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use radix_models::default_model::{FetchProgress, default_model_dir};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{
     HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model,
@@ -120,22 +121,51 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     .collect()
 }
 
-fn default_model() -> anyhow::Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/assets.sh");
-    if !script.is_file() {
-        bail!("no model given: pass -m <model.gguf | model dir | hub id>");
+/// The default model (`radix_models::default_model`): from the cache, else fetched, with a
+/// progress bar on stderr.
+fn default_model(hub: &HubOptions) -> anyhow::Result<PathBuf> {
+    let dir = default_model_dir()?;
+    eprintln!(
+        "radix-serve: no -m given; serving the default model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), kept in {}",
+        dir.display()
+    );
+    let mut progress = StderrProgress { shown: None };
+    let path = radix_models::default_model::default_model(&dir, hub, &mut progress)?;
+    Ok(path)
+}
+
+/// A fetch's progress as one rewritten stderr line, redrawn at each whole percent.
+struct StderrProgress {
+    shown: Option<u64>,
+}
+
+impl FetchProgress for StderrProgress {
+    fn bytes(&mut self, done: u64, total: u64) {
+        let percent = 100 * done / total.max(1);
+        if self.shown == Some(percent) {
+            return;
+        }
+        self.shown = Some(percent);
+        const WIDTH: u64 = 30;
+        let filled = (WIDTH * done / total.max(1)) as usize;
+        eprint!(
+            "\rradix-serve: fetching [{}{}] {} / {} MB",
+            "#".repeat(filled),
+            " ".repeat(WIDTH as usize - filled),
+            done >> 20,
+            total >> 20
+        );
+        if done >= total {
+            eprintln!();
+        }
     }
-    eprintln!("radix-serve: no -m given; fetching the default model SmolLM2-135M-Instruct through scripts/assets.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .args(["path", "smollm2"])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("cannot run scripts/assets.sh")?;
-    if !out.status.success() {
-        bail!("scripts/assets.sh could not fetch the default model; pass -m <model>");
+
+    fn note(&mut self, line: &str) {
+        if self.shown.take().is_some_and(|p| p < 100) {
+            eprintln!();
+        }
+        eprintln!("radix-serve: {line}");
     }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
 /// Loads everything, then serves until interrupted.
@@ -168,11 +198,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         (loaded, runtime.spawn(async move { server.await }))
     };
     eprintln!("radix-serve: answering 503 on http://{local} while the model loads");
+    let hub = HubOptions { revision: args.revision.clone(), ..HubOptions::from_env() };
     let spec = match &args.model {
         Some(m) => m.clone(),
-        None => default_model()?.display().to_string(),
+        None => default_model(&HubOptions { revision: None, ..hub.clone() })?.display().to_string(),
     };
-    let hub = HubOptions { revision: args.revision.clone(), ..HubOptions::from_env() };
     let files = resolve_model(&spec, &hub)?;
     let threads = args.threads();
     eprintln!("radix-serve: loading {}", files.path().display());

@@ -5,7 +5,7 @@
 //! adding a family touches this file and its parser only.
 
 use crate::TemplateSource;
-use crate::parse::{OutputFormat, ParserOptions};
+use crate::parse::{DeclaredTool, OutputFormat, ParserOptions};
 
 /// Opens Hermes/Qwen reasoning.
 pub(crate) const THINK_OPEN: &str = "<think>";
@@ -72,13 +72,27 @@ impl ModelFormat {
         self.output == OutputFormat::Hermes && prompt_text.trim_end().ends_with(THINK_OPEN)
     }
 
-    /// The parser options of one chat reply to `prompt_text`.
-    pub fn parser_options(&self, prompt_text: &str, tool_call_id_prefix: String, tools_enabled: bool) -> ParserOptions {
+    /// The format of a reply whose tools we described in the system prompt (the template shows
+    /// none): the description asks for Hermes calls, whatever the family would otherwise write.
+    pub fn with_described_tools(&self) -> ModelFormat {
+        ModelFormat::new(OutputFormat::Hermes)
+    }
+
+    /// The parser options of one chat reply to `prompt_text`. `declared_tools`, where given
+    /// (`tool_choice: "auto"`), also turn a reply that is only a bare call object into a call.
+    pub fn parser_options(
+        &self,
+        prompt_text: &str,
+        tool_call_id_prefix: String,
+        tools_enabled: bool,
+        declared_tools: Vec<DeclaredTool>,
+    ) -> ParserOptions {
         ParserOptions {
             format: self.output,
             starts_in_reasoning: self.starts_in_reasoning(prompt_text),
             tool_call_id_prefix,
             tools_enabled,
+            declared_tools,
         }
     }
 

@@ -3,8 +3,9 @@
 //! and `response_format` must still come back as a valid call or valid JSON, because llguidance
 //! masks every token the grammar does not allow.
 //!
-//! SmolLM2's own template has no tool format, so the server runs the Hermes-style ChatML
-//! template of the TTFT benchmark, whose `<tool_call>` markers the output parser reads.
+//! The first test runs the Hermes-style ChatML template of the TTFT benchmark, whose
+//! `<tool_call>` markers the output parser reads; the second SmolLM2's own template, which shows
+//! no tools: the server describes them in the system prompt and reads Hermes calls back.
 
 mod common;
 
@@ -195,5 +196,24 @@ fn tool_choice_and_response_format_are_enforced() {
     check_json_schema(&server);
     check_json_object(&server);
     check_none_and_auto(&server);
+    server.wait_idle();
+}
+
+/// SmolLM2's own template ignores `tools`: the server describes them at the end of the system
+/// prompt and asks for Hermes calls, so `required` and a named function work with it too.
+#[test]
+fn tools_reach_a_model_whose_template_has_no_tool_format() {
+    let server = Server::start(&[]);
+    let mut body = ask("Tell me a joke about cats.", 8);
+    body["tools"] = json!([weather_tool(), time_tool()]);
+    let (status, rendered) = server.post("/apply-template", &body);
+    assert_eq!(status, 200, "{rendered}");
+    let prompt = rendered["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("# Tools") && prompt.contains("\"get_weather\"") && prompt.contains("<tool_call>"),
+        "{prompt}"
+    );
+    check_required(&server);
+    check_named_call(&server, 0.0);
     server.wait_idle();
 }

@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use radix_templates::parse::{ParseEvent, ParsedMessage};
+use radix_templates::parse::{DeclaredTool, ParseEvent, ParsedMessage};
 use serde_json::{Value as Json, json};
 
 use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
@@ -15,7 +15,9 @@ use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
 use super::preparation::off_workers;
 use super::reply::{created, timings_json, unique_suffix, usage};
-use super::request::{ChatBody, ChatCompletionRequest, ToolChoice, check_context, parse_body, top_logprobs};
+use super::request::{
+    ChatBody, ChatCompletionRequest, ToolChoice, ToolDefinition, check_context, parse_body, top_logprobs,
+};
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
@@ -69,8 +71,18 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     sampling.logprobs = logprobs_setting(&fields)?;
     let tools_enabled =
         chat.tools.as_ref().is_some_and(|t| !t.is_empty()) && fields.tool_choice != Some(ToolChoice::None);
-    let parser = state.format.parser_options(&prompt_text, format!("call_{}_", unique_suffix()), tools_enabled);
-    let constraint = super::constrain::chat_constraint(&fields, state.format.output, &state.tokenizer)?;
+    // Tools the template does not show are described by us, asking for Hermes calls.
+    let format = match state.template.describes_tools(&chat) {
+        true => state.format.with_described_tools(),
+        false => state.format.clone(),
+    };
+    let parser = format.parser_options(
+        &prompt_text,
+        format!("call_{}_", unique_suffix()),
+        tools_enabled,
+        declared_tools(&fields),
+    );
+    let constraint = super::constrain::chat_constraint(&fields, format.output, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
     let mut cache = super::cache_report::CacheContext::new(
         &state.template,
@@ -94,6 +106,21 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })
+}
+
+/// The declared tools, for turning a reply that is only a bare call object into a call; only
+/// under `tool_choice: "auto"` (elsewhere a grammar writes the call's framing).
+fn declared_tools(fields: &ChatCompletionRequest) -> Vec<DeclaredTool> {
+    if !matches!(fields.tool_choice, None | Some(ToolChoice::Auto)) {
+        return Vec::new();
+    }
+    let definitions = fields.tools.iter().flatten();
+    definitions
+        .map(|ToolDefinition::Function { function }| DeclaredTool {
+            name: function.name.clone(),
+            parameters: function.parameters.clone().unwrap_or_else(|| json!({})),
+        })
+        .collect()
 }
 
 /// `logprobs` (bool) and `top_logprobs` (0 to 20 alternatives, only with `logprobs`).

@@ -59,6 +59,7 @@ pub(crate) fn plain_parser() -> ParserOptions {
         starts_in_reasoning: false,
         tool_call_id_prefix: String::new(),
         tools_enabled: false,
+        declared_tools: Vec::new(),
     }
 }
 

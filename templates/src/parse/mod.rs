@@ -77,6 +77,12 @@
 //! # Plain ([`OutputFormat::Plain`])
 //!
 //! Everything is content, emitted immediately.
+//!
+//! # Bare calls (every format, with [`ParserOptions::declared_tools`])
+//!
+//! A reply whose content is only a call object of a declared tool, bare or fenced, becomes that
+//! call ([`recover`]); its content is held while it could still be one. The call's arguments are
+//! then re-serialized JSON, not a substring of the output.
 
 #![warn(missing_docs)]
 
@@ -85,10 +91,12 @@ mod hermes;
 mod json_scan;
 mod llama3;
 mod markers;
+pub mod recover;
 mod stream;
 
 use serde::{Deserialize, Serialize};
 
+pub use recover::DeclaredTool;
 pub use stream::StreamingParser;
 
 /// Which output convention the model follows.
@@ -119,6 +127,10 @@ pub struct ParserOptions {
     pub tool_call_id_prefix: String,
     /// When false, tool-call markers are plain content.
     pub tools_enabled: bool,
+    /// The tools the request declared, for replies that write a call as a bare JSON object
+    /// ([`recover`]); empty turns that recovery off (a `tool_choice` other than `auto`, where a
+    /// grammar writes the framing).
+    pub declared_tools: Vec<DeclaredTool>,
 }
 
 impl ParserOptions {
@@ -129,6 +141,7 @@ impl ParserOptions {
             starts_in_reasoning: false,
             tool_call_id_prefix: "call_".to_owned(),
             tools_enabled: true,
+            declared_tools: Vec::new(),
         }
     }
 }

@@ -3,6 +3,7 @@
 use super::emit::Emitter;
 use super::hermes::Hermes;
 use super::llama3::Llama3;
+use super::recover::BareCallRecovery;
 use super::{OutputFormat, ParseEvent, ParserOptions};
 
 /// A format's incremental parser. `step` consumes a prefix of `buf` (returning its length in
@@ -29,18 +30,22 @@ pub struct StreamingParser {
     /// Text received but not yet consumed (a possible marker, or text awaiting more).
     buf: String,
     finished: bool,
+    /// Turns a reply that is only a bare call object into that call (`declared_tools`).
+    recovery: Option<BareCallRecovery>,
 }
 
 impl StreamingParser {
     /// A parser for one reply.
     pub fn new(opts: ParserOptions) -> Self {
-        let ParserOptions { format, starts_in_reasoning, tool_call_id_prefix, tools_enabled } = opts;
+        let ParserOptions { format, starts_in_reasoning, tool_call_id_prefix, tools_enabled, declared_tools } = opts;
+        let recovery = (tools_enabled && !declared_tools.is_empty())
+            .then(|| BareCallRecovery::new(declared_tools, tool_call_id_prefix.clone()));
         let inner = match format {
             OutputFormat::Plain => Inner::Plain,
             OutputFormat::Hermes => Inner::Hermes(Hermes::new(tools_enabled, tool_call_id_prefix, starts_in_reasoning)),
             OutputFormat::Llama3Json => Inner::Llama3(Llama3::new(tools_enabled, tool_call_id_prefix)),
         };
-        StreamingParser { inner, buf: String::new(), finished: false }
+        StreamingParser { inner, buf: String::new(), finished: false, recovery }
     }
 
     /// Feeds the next piece of generated text; returns the events it completes. Text that
@@ -51,7 +56,8 @@ impl StreamingParser {
             return Vec::new();
         }
         self.buf.push_str(text);
-        self.run(false)
+        let events = self.run(false);
+        self.recover(events, false)
     }
 
     /// Ends the reply: flushes held-back text and closes an open reasoning block or tool
@@ -61,7 +67,15 @@ impl StreamingParser {
             return Vec::new();
         }
         self.finished = true;
-        self.run(true)
+        let events = self.run(true);
+        self.recover(events, true)
+    }
+
+    fn recover(&mut self, events: Vec<ParseEvent>, at_end: bool) -> Vec<ParseEvent> {
+        match &mut self.recovery {
+            Some(recovery) => recovery.filter(events, at_end),
+            None => events,
+        }
     }
 
     fn run(&mut self, at_end: bool) -> Vec<ParseEvent> {

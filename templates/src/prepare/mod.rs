@@ -14,6 +14,9 @@
 //! 6. Where the template has no tool support, tool calls become `<tool_call>` text in the
 //!    assistant's content and tool results become `<tool_response>` user text.
 //! 7. Where the template requires alternating turns, neighbouring same-role messages merge.
+//! 8. Where the template does not show the request's `tools`, they are described at the end of
+//!    the leading system message (one is added if there is none), with calls asked for in the
+//!    Hermes `<tool_call>` form, so tools reach every model and its calls can be read back.
 //!
 //! What a template accepts is found out once by [`TemplateBehavior::probe`].
 
@@ -53,6 +56,9 @@ pub fn prepare_request(request: &ChatRequest, behavior: &TemplateBehavior) -> Re
         messages.push(message);
     }
     let mut messages = merge_leading_system(messages);
+    if let Some(tools) = request.tools.as_deref().filter(|t| !t.is_empty() && !behavior.renders_tool_definitions) {
+        messages = tools::describe_tools(messages, tools);
+    }
     if !behavior.renders_later_system {
         messages = fold_later_system(messages);
     }
@@ -191,6 +197,12 @@ impl PreparedTemplate {
     pub fn new(template: ChatTemplate) -> Self {
         let behavior = TemplateBehavior::probe(&template);
         PreparedTemplate { template, behavior }
+    }
+
+    /// Whether the request's tools are described by us (rule 8) rather than by the template:
+    /// the reply's tool calls then come in the Hermes form whatever the model's family.
+    pub fn describes_tools(&self, request: &ChatRequest) -> bool {
+        request.tools.as_ref().is_some_and(|t| !t.is_empty()) && !self.behavior.renders_tool_definitions
     }
 
     /// Prepares and renders a request.

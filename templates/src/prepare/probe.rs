@@ -22,6 +22,8 @@ pub struct TemplateBehavior {
     pub renders_tool_role: bool,
     /// Two user messages in a row render (Gemma's template requires strict alternation).
     pub accepts_consecutive_roles: bool,
+    /// The request's `tools` (their names) appear in the prompt.
+    pub renders_tool_definitions: bool,
 }
 
 impl Default for TemplateBehavior {
@@ -35,6 +37,7 @@ impl Default for TemplateBehavior {
             renders_tool_calls: true,
             renders_tool_role: true,
             accepts_consecutive_roles: true,
+            renders_tool_definitions: true,
         }
     }
 }
@@ -44,6 +47,7 @@ const PROBE_PART: &str = "radix-probe-content-part";
 const PROBE_TOOL: &str = "radix_probe_tool";
 const PROBE_ARGUMENT_KEY: &str = "radix_probe_argument";
 const PROBE_RESULT: &str = "radix-probe-tool-result";
+const PROBE_DEFINED_TOOL: &str = "radix_probe_defined_tool";
 
 fn user(text: &str) -> Json {
     json!({"role": "user", "content": text})
@@ -102,7 +106,19 @@ impl TemplateBehavior {
         let accepts_consecutive_roles = render(vec![user("radix-probe-user-1"), user("radix-probe-user-2")])
             .is_ok_and(|out| in_order(&out, &["radix-probe-user-1", "radix-probe-user-2"]));
 
+        let renders_tool_definitions = template
+            .render(&RenderInput {
+                messages: vec![user("radix-probe-user-1")],
+                tools: Some(vec![json!({"type": "function", "function": {
+                    "name": PROBE_DEFINED_TOOL, "description": "A probe.",
+                    "parameters": {"type": "object", "properties": {}}}})]),
+                add_generation_prompt: true,
+                ..Default::default()
+            })
+            .is_ok_and(|out| out.contains(PROBE_DEFINED_TOOL));
+
         TemplateBehavior {
+            renders_tool_definitions,
             renders_later_system,
             accepts_content_parts,
             accepts_string_arguments,

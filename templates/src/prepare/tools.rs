@@ -59,6 +59,35 @@ pub(super) fn tool_results_as_user(messages: Vec<Json>) -> Vec<Json> {
     out
 }
 
+/// The system text that describes `tools` to a model whose template does not show them, in
+/// our words, with calls asked for in the Hermes form our output parser reads.
+pub(super) fn tools_description(tools: &[Json]) -> String {
+    let mut text = String::from("# Tools\n\nYou can call the tools below, each described by a JSON object:\n<tools>\n");
+    for tool in tools {
+        text.push_str(&tool.to_string());
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "</tools>\n\nTo call a tool, answer with nothing but one block like this per call:\n{}",
+        crate::format::hermes_call_text("\"<tool name>\"", "{<argument names and values>}")
+    ));
+    text
+}
+
+/// Adds the tools' description to the leading system message (after its text, so the
+/// system prompt stays a prefix), or as a system message of its own at the start.
+pub(super) fn describe_tools(mut messages: Vec<Json>, tools: &[Json]) -> Vec<Json> {
+    let description = tools_description(tools);
+    match messages.first_mut() {
+        Some(first) if role(first) == Some("system") => {
+            let text = content_text(first);
+            first["content"] = json!(if text.is_empty() { description } else { format!("{text}\n\n{description}") });
+        }
+        _ => messages.insert(0, json!({"role": "system", "content": description})),
+    }
+    messages
+}
+
 /// Merges neighbouring user messages (and neighbouring assistant messages), joined with
 /// `"\n\n"`, for templates that require strictly alternating turns.
 pub(super) fn merge_consecutive_roles(messages: Vec<Json>) -> Vec<Json> {

@@ -21,6 +21,7 @@ pub fn opts(format: OutputFormat, tools: bool, in_reasoning: bool) -> ParserOpti
         starts_in_reasoning: in_reasoning,
         tool_call_id_prefix: "call_".to_owned(),
         tools_enabled: tools,
+        declared_tools: Vec::new(),
     }
 }
 

@@ -43,12 +43,21 @@ impl Server {
 
     /// [`Server::start`] with extra environment variables.
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let (child, addresses, log) = spawn(extra, env);
+        Self::start_command(spawn(extra, env))
+    }
+
+    /// Starts `command`, a radix-serve with whatever flags, binary and working directory the
+    /// test chose; waits until it listens (loading and any fetch included, 10 minutes at most).
+    pub fn start_custom(command: Command) -> Server {
+        Self::start_command(spawn_command(command))
+    }
+
+    fn start_command((child, addresses, log): (Child, mpsc::Receiver<(bool, String)>, ServerLog)) -> Server {
         let base = loop {
-            match addresses.recv_timeout(Duration::from_secs(180)) {
+            match addresses.recv_timeout(Duration::from_secs(600)) {
                 Ok((true, url)) => break url,
                 Ok((false, _)) => continue,
-                Err(_) => panic!("the server reports its address within 3 minutes"),
+                Err(_) => panic!("the server reports its address within 10 minutes"),
             }
         };
         Server { child, base, log }
@@ -183,14 +192,17 @@ type ServerLog = Arc<Mutex<Vec<String>>>;
 
 fn spawn(extra: &[&str], env: &[(&str, &str)]) -> (Child, mpsc::Receiver<(bool, String)>, ServerLog) {
     let model = asset("smollm2");
-    let mut child = Command::new(binary())
+    let mut command = Command::new(binary());
+    command
         .args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2"])
         .args(extra)
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("radix-serve starts");
+        .envs(env.iter().copied());
+    spawn_command(command)
+}
+
+/// Spawns `command` (a radix-serve, any flags) and follows its stderr as [`spawn`] does.
+fn spawn_command(mut command: Command) -> (Child, mpsc::Receiver<(bool, String)>, ServerLog) {
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("radix-serve starts");
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     let log = Arc::new(Mutex::new(Vec::new()));

@@ -49,6 +49,7 @@ fn parsed_calls(text: &str, format: OutputFormat) -> Vec<(String, Json)> {
         starts_in_reasoning: false,
         tool_call_id_prefix: "call_".into(),
         tools_enabled: true,
+        declared_tools: Vec::new(),
     });
     let mut events = parser.push(text);
     events.extend(parser.finish());
