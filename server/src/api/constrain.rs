@@ -5,7 +5,9 @@
 //! it), `response_format` `json_object` (any JSON object) and `json_schema` (the schema). A
 //! call is written in the model's own tool-call format (`ModelFormat::tool_call_framing`), so
 //! the output parser reads it back as `tool_calls`. `"auto"` with a `response_format` lets the model choose
-//! between a call and the JSON reply; `"auto"` alone and `"none"` constrain nothing.
+//! between a call and the JSON reply; `"auto"` with tools constrains a reply only once it opens
+//! a call (a lazy grammar: framed, bare or fenced, the call must then be valid); `"none"`
+//! constrains nothing.
 
 use std::sync::Arc;
 
@@ -34,6 +36,18 @@ enum Shape {
     Json(Json),
     /// Either of the two (`tool_choice: "auto"` with a `response_format`).
     CallsOrJson { tools: Vec<Tool>, parallel: bool, schema: Json },
+    /// Free, unless the reply opens a call (`tool_choice: "auto"` with tools): then a valid call
+    /// of one of these tools, framed, bare or fenced (a lazy grammar).
+    CallIfOpened { tools: Vec<Tool>, parallel: bool },
+}
+
+/// JSON as a model that began an object itself writes it: whitespace where it likes, but at
+/// most a line's worth in one place, so a small model cannot fill the reply with it.
+fn lenient(mut schema: Json) -> Json {
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("x-guidance".into(), json!({"whitespace_pattern": "[ \\t\\r\\n]{0,64}"}));
+    }
+    schema
 }
 
 /// The grammar engine writes JSON the way Python's `json.dumps` does, with no free whitespace:
@@ -118,6 +132,9 @@ fn shape(fields: &ChatCompletionRequest) -> Result<Option<Shape>, ApiError> {
     let no_tools =
         |choice: &str| ApiError::bad_request(format!("tool_choice {choice} needs a non-empty 'tools' array"));
     let calls = match &fields.tool_choice {
+        None | Some(ToolChoice::Auto) if !tools.is_empty() && schema.is_none() => {
+            return Ok(Some(Shape::CallIfOpened { tools, parallel }));
+        }
         None | Some(ToolChoice::Auto) => None,
         Some(ToolChoice::None) => return Ok(schema.map(Shape::Json)),
         Some(ToolChoice::Required) => {
@@ -145,6 +162,49 @@ fn shape(fields: &ChatCompletionRequest) -> Result<Option<Shape>, ApiError> {
     })
 }
 
+/// The call objects of `tools` as the rules `call_0`, `call_1`, …, each JSON written `style`.
+fn call_objects(tools: &[Tool], arguments_key: &str, style: fn(Json) -> Json) -> (String, String) {
+    let mut rules = String::new();
+    let mut alternatives = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let schema = style(json!({
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, arguments_key: tool.parameters},
+            "required": ["name", arguments_key],
+            "additionalProperties": false,
+        }));
+        rules.push_str(&format!("call_{i}: %json {schema}\n"));
+        alternatives.push(format!("call_{i}"));
+    }
+    (rules, alternatives.join(" | "))
+}
+
+/// The lazy grammar of `tool_choice: "auto"`: a reply that opens a call (in the model's framing,
+/// or as a bare or fenced object, as small models write it) must be a valid call of a declared
+/// tool. The constraint only applies once the reply opens one ([`Constraint::lazy`]).
+fn lazy_call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> String {
+    let framing = ModelFormat::new(format).tool_call_framing();
+    let arguments_key = framing.map_or("arguments", |f| f.arguments_key);
+    let (objects, alternatives) = call_objects(tools, arguments_key, lenient);
+    let mut rules = format!("{objects}bare: {alternatives}\n");
+    rules.push_str("fenced: \"```json\\n\" bare \"\\n```\" | \"```\\n\" bare \"\\n```\"\n");
+    let mut openings = vec!["bare", "fenced"];
+    if let Some(framing) = framing.filter(|f| !f.open.is_empty()) {
+        let quoted = |text: &str| Json::from(text).to_string();
+        let framed = format!("framed: {} bare {}\n", quoted(framing.open), quoted(framing.close));
+        rules.push_str(&framed);
+        let separator = quoted(framing.separator);
+        rules.push_str(&if parallel {
+            format!("framed_calls: framed ({separator} framed)*\n")
+        } else {
+            "framed_calls: framed\n".to_owned()
+        });
+        openings.push("framed_calls");
+    }
+    let starts: Vec<String> = openings.iter().flat_map(|o| [o.to_string(), format!("WS {o}")]).collect();
+    format!("start: {}\nWS: /[ \\t\\r\\n]+/\n{rules}", starts.join(" | "))
+}
+
 /// The Lark rules for "a call to one of `tools`" as the rule `calls`.
 fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<String, ApiError> {
     let Some(framing) = ModelFormat::new(format).tool_call_framing() else {
@@ -159,35 +219,32 @@ fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<St
     let open = if framing.open.is_empty() { String::new() } else { format!("{} ", quoted(framing.open)) };
     let close = if framing.close.is_empty() { String::new() } else { format!(" {}", quoted(framing.close)) };
     let separator = quoted(framing.separator);
-    let mut rules = String::new();
-    let mut alternatives = Vec::new();
-    for (i, tool) in tools.iter().enumerate() {
-        let schema = compact(json!({
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, arguments_key: tool.parameters},
-            "required": ["name", arguments_key],
-            "additionalProperties": false,
-        }));
-        rules.push_str(&format!("call_{i}: %json {schema}\n"));
-        alternatives.push(format!("call_{i}"));
-    }
-    rules.push_str(&format!("call: {open}({}){close}\n", alternatives.join(" | ")));
+    let (mut rules, alternatives) = call_objects(tools, arguments_key, compact);
+    rules.push_str(&format!("call: {open}({alternatives}){close}\n"));
     rules.push_str(&if parallel { format!("calls: call ({separator} call)*\n") } else { "calls: call\n".to_owned() });
     Ok(rules)
 }
 
-/// The Lark grammar the reply must match, or `None` when it is free.
-fn grammar(fields: &ChatCompletionRequest, format: OutputFormat) -> Result<Option<String>, ApiError> {
+/// The Lark grammar the reply must match, or `None` when it is free; `true` with it when it
+/// applies only once the reply opens a call (lazy).
+fn grammar(fields: &ChatCompletionRequest, format: OutputFormat) -> Result<Option<(String, bool)>, ApiError> {
     let Some(shape) = shape(fields)? else { return Ok(None) };
-    Ok(Some(match shape {
-        Shape::Json(schema) => format!("start: %json {}\n", compact(schema)),
-        Shape::Calls { tools, parallel } => format!("start: calls\n{}", call_rules(&tools, parallel, format)?),
-        Shape::CallsOrJson { tools, parallel, schema } => match call_rules(&tools, parallel, format) {
-            Ok(rules) => format!("start: calls | json\njson: %json {}\n{rules}", compact(schema)),
-            // Without a tool-call format "auto" cannot call anything: the JSON reply it is.
-            Err(_) => format!("start: %json {}\n", compact(schema)),
+    if let Shape::CallIfOpened { tools, parallel } = &shape {
+        return Ok(Some((lazy_call_rules(tools, *parallel, format), true)));
+    }
+    Ok(Some((
+        match shape {
+            Shape::Json(schema) => format!("start: %json {}\n", compact(schema)),
+            Shape::Calls { tools, parallel } => format!("start: calls\n{}", call_rules(&tools, parallel, format)?),
+            Shape::CallsOrJson { tools, parallel, schema } => match call_rules(&tools, parallel, format) {
+                Ok(rules) => format!("start: calls | json\njson: %json {}\n{rules}", compact(schema)),
+                // Without a tool-call format "auto" cannot call anything: the JSON reply it is.
+                Err(_) => format!("start: %json {}\n", compact(schema)),
+            },
+            Shape::CallIfOpened { .. } => unreachable!("returned above"),
         },
-    }))
+        false,
+    )))
 }
 
 /// The constraint a chat request asks for (HTTP 400 for a malformed field or a schema the
@@ -197,12 +254,12 @@ pub(super) fn chat_constraint(
     format: OutputFormat,
     tokenizer: &Arc<Tokenizer>,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some(grammar) = grammar(fields, format)? else { return Ok(None) };
+    let Some((grammar, lazy)) = grammar(fields, format)? else { return Ok(None) };
     let factory = ConstraintFactory::shared(tokenizer).map_err(ApiError::internal)?;
-    factory
+    let constraint = factory
         .lark(&grammar)
-        .map(Some)
-        .map_err(|e| ApiError::bad_request(format!("tools or response_format cannot be enforced: {e}")))
+        .map_err(|e| ApiError::bad_request(format!("tools or response_format cannot be enforced: {e}")))?;
+    Ok(Some(if lazy { constraint.lazy() } else { constraint }))
 }
 
 #[cfg(test)]

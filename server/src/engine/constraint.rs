@@ -105,7 +105,7 @@ impl ConstraintFactory {
             return Err(format!("invalid grammar: {}", first_line(&e)));
         }
         probe(&matcher).map_err(|e| format!("the grammar cannot be applied: {}", first_line(&e)))?;
-        Ok(Constraint { matcher: Box::new(matcher), vocab_size: self.vocab_size })
+        Ok(Constraint { matcher: Box::new(matcher), vocab_size: self.vocab_size, lazy: None })
     }
 }
 
@@ -147,7 +147,25 @@ pub struct Constraint {
     /// Boxed: the matcher is over a kilobyte, and requests travel through channels by value.
     matcher: Box<Matcher>,
     vocab_size: usize,
+    /// `Some` for a lazy constraint (see [`Constraint::lazy`]): where it stands.
+    lazy: Option<Lazy>,
 }
+
+/// A lazy constraint's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Lazy {
+    /// Nothing but whitespace yet: the tokens so far, to be replayed into the grammar.
+    Waiting(Vec<u32>),
+    /// The reply opened what the grammar describes: every token is masked from now on.
+    Active,
+    /// The reply is something else: it stays free.
+    Dropped,
+}
+
+/// What opens a tool call, with the whitespace taken out: a call object (bare, or first thing
+/// in a ```json or bare fence) or Hermes' tag. A reply that opens with anything else (prose,
+/// another fence language, an object with another first key) stays free.
+const LAZY_OPENINGS: &[&[u8]] = &[b"{\"name\"", b"```json{\"name\"", b"```{\"name\"", b"<tool_call>"];
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -156,10 +174,29 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
+    /// This grammar (a tool call's), applied only if the reply opens a call: nothing is masked
+    /// while the reply could still become one of [`LAZY_OPENINGS`]; once it has opened one, the
+    /// tokens so far are replayed into the grammar and, if it takes them, it constrains every
+    /// later token; otherwise (prose, code, other JSON, an opening the grammar rejects) the
+    /// reply stays free. llama.cpp calls this a lazy grammar; here it makes a small model's tool
+    /// call, once begun, a valid call of a declared tool.
+    pub fn lazy(mut self) -> Constraint {
+        self.lazy = Some(Lazy::Waiting(Vec::new()));
+        self
+    }
+
+    /// Whether the grammar masks tokens now (a lazy one only once triggered).
+    fn masking(&self) -> bool {
+        matches!(self.lazy, None | Some(Lazy::Active))
+    }
+
     /// Sets the logit of every token the grammar does not allow next to negative infinity.
     /// Where the grammar may end here, `stop_tokens` (EOS, end of turn) stay allowed. Logits
     /// past the tokenizer's vocabulary (padding rows of the embedding) are never allowed.
     pub fn mask_logits(&mut self, logits: &mut [f32], stop_tokens: &[u32]) -> Result<(), String> {
+        if !self.masking() {
+            return Ok(());
+        }
         let mask = self.matcher.compute_mask().map_err(|e| format!("grammar failed: {e}"))?;
         let accepting = self.matcher.is_accepting().unwrap_or(false);
         for (id, logit) in logits.iter_mut().enumerate() {
@@ -177,6 +214,16 @@ impl Constraint {
 
     /// Advances over a sampled token (a stop token where the grammar may end is fine).
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
+        match &mut self.lazy {
+            Some(Lazy::Dropped) => return Ok(()),
+            Some(Lazy::Waiting(tokens)) => {
+                tokens.push(token);
+                let tokens = tokens.clone();
+                self.lazy = self.trigger(&tokens);
+                return Ok(());
+            }
+            Some(Lazy::Active) | None => {}
+        }
         if self.matcher.is_accepting().unwrap_or(false) && !self.matcher.is_stopped() {
             // EOS-like tokens are not grammar text; the caller ends the sequence on them.
             let trie_eos = self.matcher.tok_env().map(|env| env.tok_trie().eos_token_set().is_allowed(token));
@@ -187,14 +234,33 @@ impl Constraint {
         self.matcher.consume_token(token).map_err(|e| format!("the sampled token {token} broke the grammar: {e}"))
     }
 
+    /// A waiting lazy constraint's next state, given the reply's tokens so far.
+    fn trigger(&mut self, tokens: &[u32]) -> Option<Lazy> {
+        let Ok(env) = self.matcher.tok_env() else { return Some(Lazy::Dropped) };
+        let trie = env.tok_trie();
+        let squeezed: Vec<u8> =
+            tokens.iter().flat_map(|&t| trie.token(t).to_vec()).filter(|b| !b.is_ascii_whitespace()).collect();
+        if !LAZY_OPENINGS.iter().any(|opening| squeezed.starts_with(opening)) {
+            let may_open = LAZY_OPENINGS.iter().any(|opening| opening.starts_with(&squeezed));
+            return Some(if may_open { Lazy::Waiting(tokens.to_vec()) } else { Lazy::Dropped });
+        }
+        let mut matcher = self.matcher.deep_clone();
+        if tokens.iter().all(|&t| matcher.consume_token(t).is_ok()) && matcher.get_error().is_none() {
+            self.matcher = Box::new(matcher);
+            Some(Lazy::Active)
+        } else {
+            Some(Lazy::Dropped)
+        }
+    }
+
     /// The grammar is complete and nothing may follow: the sequence should stop.
     pub fn is_finished(&self) -> bool {
-        self.matcher.is_stopped()
+        self.masking() && self.matcher.is_stopped()
     }
 
     /// The grammar could end here (a stop token would be allowed).
     pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
+        !self.masking() || self.matcher.is_accepting().unwrap_or(false)
     }
 }
 

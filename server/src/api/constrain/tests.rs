@@ -22,6 +22,11 @@ fn clock() -> Json {
 
 /// The grammar of a chat body, read as the server reads it.
 fn grammar(body: &Json, format: OutputFormat) -> Result<Option<String>, ApiError> {
+    Ok(lazy_or_not(body, format)?.map(|(grammar, _)| grammar))
+}
+
+/// The grammar of a chat body and whether it applies lazily.
+fn lazy_or_not(body: &Json, format: OutputFormat) -> Result<Option<(String, bool)>, ApiError> {
     super::grammar(&typed(body)?, format)
 }
 
@@ -70,10 +75,48 @@ fn check_weather(arguments: &Json) {
 fn free_requests_have_no_grammar() {
     let hermes = OutputFormat::Hermes;
     assert_eq!(grammar(&json!({"messages": []}), hermes).unwrap(), None);
-    assert_eq!(grammar(&json!({"tools": [weather()]}), hermes).unwrap(), None);
-    assert_eq!(grammar(&json!({"tools": [weather()], "tool_choice": "auto"}), hermes).unwrap(), None);
     assert_eq!(grammar(&json!({"tools": [weather()], "tool_choice": "none"}), hermes).unwrap(), None);
     assert_eq!(grammar(&json!({"response_format": {"type": "text"}}), hermes).unwrap(), None);
+}
+
+#[test]
+fn auto_with_tools_is_a_lazy_grammar_for_every_way_of_opening_a_call() {
+    for body in [json!({"tools": [weather(), clock()]}), json!({"tools": [weather(), clock()], "tool_choice": "auto"})]
+    {
+        let (g, lazy) = lazy_or_not(&body, OutputFormat::Hermes).unwrap().unwrap();
+        assert!(lazy, "{g}");
+        assert!(g.contains("bare") && g.contains("fenced") && g.contains("<tool_call>"), "{g}");
+        assert!(g.contains("get_weather") && g.contains("get_time") && g.contains("whitespace_pattern"), "{g}");
+        let (plain, _) = lazy_or_not(&body, OutputFormat::Plain).unwrap().unwrap();
+        assert!(!plain.contains("<tool_call>") && plain.contains("fenced"), "no framing of its own: {plain}");
+    }
+    let (_, lazy) =
+        lazy_or_not(&json!({"tools": [weather()], "tool_choice": "required"}), OutputFormat::Hermes).unwrap().unwrap();
+    assert!(!lazy, "a forced call is constrained from the first token");
+}
+
+/// A reply that opens a bare object under the lazy grammar is a valid call of a declared tool
+/// whatever the (random) model picks next; one that opens with prose is never masked.
+#[test]
+fn a_bare_call_opened_under_auto_is_valid_by_construction() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [weather(), clock()]});
+    let opening = tokenizer.encode("{\"name\": \"", false).unwrap();
+    for seed in 0..4 {
+        let mut constraint = chat_constraint(&body, OutputFormat::Hermes, &tokenizer).unwrap().unwrap();
+        for &t in &opening {
+            constraint.accept(t).unwrap();
+        }
+        let walked = walk(constraint, &tokenizer, 1.0, seed);
+        assert!(walked.ended, "seed {seed}: {:?}", walked.text);
+        let text = format!("{{\"name\": \"{}", walked.text);
+        let call: Json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        match call["name"].as_str() {
+            Some("get_weather") => check_weather(&call["arguments"]),
+            Some("get_time") => assert!(call["arguments"]["utc"].is_boolean(), "{text}"),
+            other => panic!("a call of an undeclared tool: {other:?} in {text}"),
+        }
+    }
 }
 
 #[test]

@@ -88,3 +88,40 @@ fn invalid_grammars_and_schemas_are_reported() {
     assert!(e.contains("invalid grammar"), "{e}");
     assert!(factory().json_schema(json!({"$ref": "#/definitions/missing"})).is_err());
 }
+
+/// How many tokens the mask leaves after `text` was generated under a lazy grammar of a call
+/// of `read`, and whether that grammar is complete.
+fn allowed_after(text: &str) -> (usize, bool) {
+    let tokenizer = smollm2();
+    let call = json!({"type": "object", "properties": {
+        "name": {"const": "read"},
+        "arguments": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+            "additionalProperties": false}},
+        "required": ["name", "arguments"], "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "}});
+    let mut c = factory().json_schema(call).unwrap().lazy();
+    for t in tokenizer.encode(text, false).unwrap() {
+        c.accept(t).unwrap();
+    }
+    if c.is_finished() {
+        // The engine ends the reply here; no mask is asked for.
+        return (0, true);
+    }
+    let mut logits = vec![0.0f32; tokenizer.vocab_size()];
+    let stop: Vec<u32> = tokenizer.eos_token_ids().iter().copied().collect();
+    c.mask_logits(&mut logits, &stop).unwrap();
+    (logits.iter().filter(|l| l.is_finite()).count(), false)
+}
+
+#[test]
+fn a_lazy_grammar_constrains_only_a_reply_that_opens_a_call() {
+    let vocab = smollm2().vocab_size();
+    for free in ["", " \n", "Sure, the weather", "{\"town\": 3", "```python\nprint(1)", "[1, 2]", "{\"na"] {
+        assert_eq!(allowed_after(free).0, vocab, "{free:?} is not masked");
+    }
+    let (allowed, finished) = allowed_after("{\"name\": \"");
+    assert!(allowed < 100, "an opened call is constrained: {allowed} of {vocab} tokens allowed");
+    assert!(!finished);
+    let (_, finished) = allowed_after("{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}");
+    assert!(finished, "the complete call ends the reply");
+}
