@@ -246,7 +246,7 @@ impl Constraint {
         }
         let mut matcher = self.matcher.deep_clone();
         if tokens.iter().all(|&t| matcher.consume_token(t).is_ok()) && matcher.get_error().is_none() {
-            self.matcher = Box::new(matcher);
+            *self.matcher = matcher;
             Some(Lazy::Active)
         } else {
             Some(Lazy::Dropped)

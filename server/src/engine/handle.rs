@@ -13,7 +13,8 @@ use super::metrics::EngineMetrics;
 use super::request::{EngineEvent, GenerateRequest};
 
 enum Command {
-    Generate(GenerateRequest, UnboundedSender<EngineEvent>),
+    // Boxed: a request is several times larger than the other commands.
+    Generate(Box<GenerateRequest>, UnboundedSender<EngineEvent>),
     FlushCache,
     RecentPrefixes(tokio::sync::oneshot::Sender<Vec<RecentPrefix>>),
 }
@@ -58,7 +59,7 @@ impl EngineHandle {
     pub fn submit(&self, request: GenerateRequest) -> UnboundedReceiver<EngineEvent> {
         let (events, receiver) = unbounded_channel();
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-        if self.commands.send(Command::Generate(request, events.clone())).is_err() {
+        if self.commands.send(Command::Generate(Box::new(request), events.clone())).is_err() {
             self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             let _ = events.send(EngineEvent::Failed("the engine has stopped".into()));
         }
@@ -112,7 +113,7 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
     loop {
         let mut handle = |command: Command, core: &mut EngineCore| match command {
             Command::Generate(request, events) => {
-                core.add(request, events);
+                core.add(*request, events);
                 shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             }
             Command::FlushCache => flush_pending = true,
