@@ -4,13 +4,14 @@
 #
 #   benches/run-cache-bench.sh                 SmolLM2-135M, the `smollm2` preset
 #   MODEL=qwen3 benches/run-cache-bench.sh     the Qwen3-0.6B-shaped model, full-size workloads
+#   MODEL=qwen-coder benches/run-cache-bench.sh  Qwen2.5-Coder-0.5B-Instruct (the default model), full-size
 #
 # Builds radix-serve and cache-bench (release), takes llama-server from scripts/build-llama-cpp.sh
 # (built once, ~15-30 min, cached in ~/.cache/radix-serve/llama.cpp), the model from
 # scripts/bench-model.sh. Each server gets a fresh process per workload, never two at once.
 #
 # Environment:
-#   MODEL=smollm2 | qwen3
+#   MODEL=smollm2 | qwen3 | qwen-coder
 #   THREADS=2            threads of each server
 #   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction)
 #   OUT=target/cache-bench/<model>   table.md, results.json, <workload>.svg, server logs
@@ -42,6 +43,9 @@ case "$MODEL" in
   # The real Qwen3 template rides in the GGUF's metadata; both servers use it.
   # 4 GiB of f16 KV holds ~36k Qwen3-0.6B tokens, what llama-server's -c 32768 allocates.
   qwen3) args=(--preset full --ctx 32768 --radix-args "--parallel 4 --kv-cache 4096") ;;
+  # The server's default model; its own template (Qwen's tool format) rides in the GGUF.
+  # 1.5 GiB of f16 KV holds 4 x 32k tokens of it (12 KiB a token).
+  qwen-coder) args=(--preset full --ctx 32768 --radix-args "--parallel 4 --kv-cache 1536") ;;
   *) log "unknown MODEL $MODEL"; exit 2 ;;
 esac
 

@@ -9,7 +9,7 @@
 #   REPS=3         repetitions of each figure (each tool reports its median/mean over them)
 #   ROUNDS=1       run ours and llama.cpp alternately this many times; the best round counts
 #                  (on a shared machine the best round is the one least disturbed)
-#   MODELS="smollm2 qwen3"   which models
+#   MODELS="smollm2 qwen3"   which models (also: qwen-coder, the server's default model)
 #   BENCH=1        the comparison (0: skip it, e.g. to profile alone)
 #   PROFILE=1      perf profile of our pp512 and tg32@d512 on the Qwen3-shaped model (0: skip)
 #   BUSY=0         1: also our decode at depth 512 idle and with one core made busy by another

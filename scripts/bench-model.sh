@@ -3,6 +3,8 @@
 # benches/ so they measure the same files.
 #
 #   scripts/bench-model.sh smollm2   SmolLM2-135M-Instruct Q4_1 (through scripts/assets.sh)
+#   scripts/bench-model.sh qwen-coder  Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the server's default
+#                                    model (through `radix-serve default-model`)
 #   scripts/bench-model.sh qwen3     a Qwen3-0.6B-shaped random-weight Q4_K_M GGUF with the real
 #                                    Qwen3 tokenizer and template, generated once by
 #                                    scripts/gen_qwen3_shaped.py (seed 0) into
@@ -24,5 +26,12 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2 or qwen3)" >&2; exit 2 ;;
+  qwen-coder)
+    # The server's default model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M: fetched (pinned, checked)
+    # by the binary itself.
+    cargo build --release -p radix-serve --bin radix-serve >&2
+    target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    "$target_dir/release/radix-serve" default-model
+    ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3 or qwen-coder)" >&2; exit 2 ;;
 esac

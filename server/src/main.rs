@@ -1,5 +1,6 @@
 //! `radix-serve`: an OpenAI-compatible local inference server built around a radix-tree KV
-//! prefix cache. With no subcommand it serves; `template` renders a chat template.
+//! prefix cache. With no subcommand it serves; `template` renders a chat template;
+//! `default-model` fetches the default model and prints its path.
 
 mod serve;
 mod template_cmd;
@@ -24,6 +25,9 @@ struct Cli {
 enum Command {
     /// Render a chat template for a chat-completions request and print the prompt.
     Template(template_cmd::TemplateArgs),
+    /// Fetch the default model (Qwen2.5-Coder-0.5B-Instruct) if it is not cached yet and print
+    /// its path, for scripts that run other servers on the same file.
+    DefaultModel,
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +38,7 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Some(Command::Template(args)) => template_cmd::run(&args),
+        Some(Command::DefaultModel) => serve::print_default_model(),
         None => serve::run(cli.serve),
     };
     match result {

@@ -134,6 +134,13 @@ fn default_model(hub: &HubOptions) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `radix-serve default-model`: the default model's path on stdout, fetched first if needed.
+pub fn print_default_model() -> anyhow::Result<()> {
+    let path = default_model(&HubOptions::from_env())?;
+    println!("{}", path.display());
+    Ok(())
+}
+
 /// A fetch's progress as one rewritten stderr line, redrawn at each whole percent.
 struct StderrProgress {
     shown: Option<u64>,

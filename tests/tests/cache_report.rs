@@ -177,6 +177,7 @@ fn misses_are_placed_and_explained() {
     assert_eq!(last["cache_report"]["reason"], Json::Null, "a repeat is a full hit: {last}");
     no_client_reads_another_clients_prompt(&server);
     a_cache_salt_keeps_its_prefixes_to_itself(&server);
+    prompt_parts_add_up_and_match_each_parts_own_tokens(&server);
     let _ = std::fs::remove_file(template);
 }
 
@@ -241,4 +242,57 @@ fn a_cache_salt_keeps_its_prefixes_to_itself(server: &Server) {
     let hit = cached(Some("tenant-a"));
     assert!(hit >= 48, "the same salt hits: {hit} cached tokens");
     assert!(cached(None) >= 48, "requests without a salt share among themselves");
+}
+
+/// `prompt_parts`: an agent-shaped request (system prompt, tool schemas, a tool call with its
+/// reasoning, a tool result) is counted per part; the parts add up to the prompt (and their
+/// cached shares to the cached tokens), and each message's tokens, and the tool schemas', are
+/// what tokenizing that part's own text gives.
+fn prompt_parts_add_up_and_match_each_parts_own_tokens(server: &Server) {
+    let body = |cache_report: bool| {
+        json!({"temperature": 0, "max_tokens": 1, "cache_report": cache_report,
+        "tools": [{"type": "function", "function": {"name": "read", "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}],
+        "messages": [
+            {"role": "system", "content": "You are a careful coding agent."},
+            {"role": "user", "content": "What does a.rs do?"},
+            {"role": "assistant", "content": "", "reasoning_content": "I should read the file first.",
+             "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "read", "arguments": "{\"path\": \"a.rs\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "fn main() { println!(\"hi\"); }"},
+            {"role": "user", "content": "Explain it in one line."}]})
+    };
+    let (status, response) = server.post("/v1/chat/completions", &body(true));
+    assert_eq!(status, 200, "{response}");
+    let report = &response["cache_report"];
+    let parts = &report["prompt_parts"];
+    let kinds =
+        ["system", "tools", "user", "assistant", "reasoning", "tool_call_arguments", "tool", "generation_prompt"];
+    let sum = |field: &str| kinds.iter().map(|k| parts[k][field].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("tokens"), report["prompt_tokens"].as_u64().unwrap(), "{parts}");
+    assert_eq!(sum("cached"), report["cached_tokens"].as_u64().unwrap(), "{parts}");
+    assert_eq!(sum("computed"), sum("tokens") - sum("cached"));
+    for kind in kinds {
+        assert!(parts[kind]["tokens"].as_u64().unwrap() > 0, "{kind} has tokens: {parts}");
+    }
+
+    let (status, applied) = server.post("/apply-template", &body(false));
+    assert_eq!(status, 200, "{applied}");
+    let prompt = applied["prompt"].as_str().unwrap();
+    assert_eq!(applied["prompt_tokens"], report["prompt_tokens"]);
+    let tokens = |text: &str| {
+        let (status, answer) = server.post("/tokenize", &json!({"content": text}));
+        assert_eq!(status, 200, "{answer}");
+        answer["tokens"].as_array().unwrap().len() as u64
+    };
+    for message in applied["prompt_parts"]["messages"].as_array().unwrap() {
+        let [start, end] = [0, 1].map(|i| message["bytes"][i].as_u64().unwrap() as usize);
+        assert_eq!(message["tokens"].as_u64(), Some(tokens(&prompt[start..end])), "{message} in {prompt:?}");
+    }
+    let (status, without) = server.post("/apply-template", &json!({"messages": body(false)["messages"]}));
+    assert_eq!(status, 200, "{without}");
+    let without = without["prompt"].as_str().unwrap();
+    let at = prompt.bytes().zip(without.bytes()).take_while(|(a, b)| a == b).count();
+    let schemas = &prompt[at..at + prompt.len() - without.len()];
+    assert_eq!(applied["prompt_parts"]["tools"]["tokens"].as_u64(), Some(tokens(schemas)), "{schemas:?}");
 }

@@ -297,24 +297,44 @@ impl Tokenizer {
         if as_text.is_empty() {
             return self.encode(text, false);
         }
+        let mut ids = Vec::new();
+        self.walk_prompt(text, as_text, |id, _| ids.push(id))?;
+        Ok(ids)
+    }
+
+    /// The byte offset in `text` where each token of `encode_prompt(text, as_text)` starts.
+    pub fn prompt_offsets(&self, text: &str, as_text: &[Range<usize>]) -> Result<Vec<usize>> {
+        let mut offsets = Vec::new();
+        self.walk_prompt(text, as_text, |_, offset| offsets.push(offset))?;
+        Ok(offsets)
+    }
+
+    /// Calls `each(id, start offset)` for the tokens of [`Tokenizer::encode_prompt`].
+    fn walk_prompt(&self, text: &str, as_text: &[Range<usize>], mut each: impl FnMut(u32, usize)) -> Result<()> {
         let failed = |e: tokenizers::Error| TokenizerError::Encode { len: text.len(), message: e.to_string() };
         let encoding = self.inner.encode(text, false).map_err(failed)?;
-        let text_only = self.text_only.get_or_init(|| {
-            let mut t = self.inner.clone();
-            t.set_encode_special_tokens(true);
-            t
-        });
-        let mut ids = Vec::with_capacity(encoding.len());
         for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
             let spelled_by_request = as_text.iter().any(|r| r.start < end && start < r.end);
             match text.get(start..end) {
                 Some(spelling) if spelled_by_request && self.is_special(id) => {
-                    ids.extend_from_slice(text_only.encode_fast(spelling, false).map_err(failed)?.get_ids());
+                    let plain = self.text_only().encode(spelling, false).map_err(failed)?;
+                    for (&id, &(at, _)) in plain.get_ids().iter().zip(plain.get_offsets()) {
+                        each(id, start + at);
+                    }
                 }
-                _ => ids.push(id),
+                _ => each(id, start),
             }
         }
-        Ok(ids)
+        Ok(())
+    }
+
+    /// The same tokenizer with special tokens encoded as text.
+    fn text_only(&self) -> &tokenizers::Tokenizer {
+        self.text_only.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        })
     }
 
     /// The spellings of the special added tokens (the control tokens a template writes).

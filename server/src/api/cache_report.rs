@@ -25,6 +25,10 @@ pub(crate) struct CacheContext {
     chat: ChatRequest,
     prompt_text: String,
     prompt: Vec<u32>,
+    /// Where the request's own text spelled control tokens (encoded as text).
+    content_controls: Vec<std::ops::Range<usize>>,
+    /// The tokenizer's control-token spellings, for the prompt's parts.
+    pub(crate) controls: Option<radix_templates::prepare::ControlSpellings>,
     /// The client asked for the report in the response (`"cache_report": true`).
     pub(crate) wanted: bool,
     /// The log line may quote the prompt around the divergence (`--log-prompts`); without it
@@ -38,7 +42,7 @@ impl CacheContext {
         template: &PreparedTemplate,
         tokenizer: &Arc<Tokenizer>,
         chat: ChatRequest,
-        prompt_text: String,
+        rendered: radix_templates::prepare::RenderedPrompt,
         prompt: Vec<u32>,
         wanted: bool,
     ) -> Self {
@@ -46,7 +50,9 @@ impl CacheContext {
             template: template.clone(),
             tokenizer: Arc::clone(tokenizer),
             chat,
-            prompt_text,
+            prompt_text: rendered.text,
+            content_controls: rendered.content_controls,
+            controls: None,
             prompt,
             wanted,
             log_prompts: false,
@@ -140,13 +146,26 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
     let previous = report.previous.as_ref().map(|p| {
         json!({"common_prefix_tokens": p.common_prefix, "prompt_tokens": p.prompt_len, "total_tokens": p.tokens.len()})
     });
-    let json = json!({
+    let mut json = json!({
         "prompt_tokens": report.prompt_tokens,
         "cached_tokens": report.cached_tokens,
         "reason": reason.map(MissReason::as_str),
         "divergence": divergence,
         "previous": previous,
     });
+    if let Some(ctx) = context.as_ref().filter(|c| c.wanted)
+        && let Ok(offsets) = ctx.tokenizer.prompt_offsets(&ctx.prompt_text, &ctx.content_controls)
+        && offsets.len() == ctx.prompt.len()
+    {
+        json["prompt_parts"] = super::prompt_parts::prompt_parts(
+            &ctx.template,
+            &ctx.chat,
+            &ctx.prompt_text,
+            &offsets,
+            Some(report.cached_tokens),
+            ctx.controls.as_ref(),
+        );
+    }
     match (reason, report.divergence) {
         (Some(reason), Some(at)) => eprintln!(
             "radix-serve: cache prompt={} cached={}: reuse stopped at token {at}{log_place}: {}",
@@ -230,7 +249,7 @@ fn refine(
 }
 
 /// The text a message carries: its content (text parts joined), else its tool-call arguments.
-fn message_text(message: &Json) -> String {
+pub(super) fn message_text(message: &Json) -> String {
     match &message["content"] {
         Json::String(s) if !s.trim().is_empty() => return s.trim().to_owned(),
         Json::Array(parts) => {
@@ -250,7 +269,7 @@ fn message_text(message: &Json) -> String {
 }
 
 /// Bytes two strings share at their start, cut to a character boundary.
-fn common_bytes(a: &str, b: &str) -> usize {
+pub(super) fn common_bytes(a: &str, b: &str) -> usize {
     let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
     floor_char_boundary(a, n)
 }

@@ -59,7 +59,6 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         .tokenizer
         .encode_prompt(&rendered.text, &rendered.content_controls)
         .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
-    let prompt_text = rendered.text;
     let context = state.context_length;
     check_context(prompt.len(), context, "messages")?;
     let max_tokens = match fields.max_completion_tokens.or(fields.max_tokens) {
@@ -77,7 +76,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         false => state.format.clone(),
     };
     let parser = format.parser_options(
-        &prompt_text,
+        &rendered.text,
         format!("call_{}_", unique_suffix()),
         tools_enabled,
         declared_tools(&fields),
@@ -88,11 +87,14 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         &state.template,
         &state.tokenizer,
         chat,
-        prompt_text,
+        rendered,
         prompt.clone(),
         fields.cache_report.unwrap_or(false),
     );
     cache.log_prompts = state.log_prompts;
+    if cache.wanted {
+        cache.controls = state.content_controls.clone();
+    }
     let request = GenerateRequest {
         prompt,
         sampling,

@@ -99,7 +99,21 @@ pub(super) async fn apply_template(State(state): State<Arc<ApiState>>, body: Byt
         off_workers(&state, move |state| {
             let body = parse_body(&body)?;
             let chat = ChatRequest::from_json(&body)?;
-            Ok(json!({"prompt": state.template.render(&chat)?}))
+            let rendered = state.template.render_marked(&chat, state.content_controls.as_ref())?;
+            check_prompt_bytes(rendered.text.len(), state.context_length, "the rendered prompt")?;
+            let offsets = state
+                .tokenizer
+                .prompt_offsets(&rendered.text, &rendered.content_controls)
+                .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+            let parts = super::prompt_parts::prompt_parts(
+                &state.template,
+                &chat,
+                &rendered.text,
+                &offsets,
+                None,
+                state.content_controls.as_ref(),
+            );
+            Ok(json!({"prompt": rendered.text, "prompt_tokens": offsets.len(), "prompt_parts": parts}))
         })
         .await,
     )

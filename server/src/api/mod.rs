@@ -20,6 +20,7 @@ mod logprobs;
 mod metrics;
 mod output;
 mod preparation;
+mod prompt_parts;
 mod reply;
 mod request;
 
