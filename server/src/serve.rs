@@ -126,7 +126,7 @@ pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
 fn default_model(hub: &HubOptions) -> anyhow::Result<PathBuf> {
     let dir = default_model_dir()?;
     eprintln!(
-        "radix-serve: no -m given; serving the default model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), kept in {}",
+        "radix-serve: the default model (no -m given): Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), kept in {}",
         dir.display()
     );
     let mut progress = StderrProgress { shown: None };
