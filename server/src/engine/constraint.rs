@@ -186,7 +186,7 @@ impl Constraint {
     }
 
     /// Whether the grammar masks tokens now (a lazy one only once triggered).
-    fn masking(&self) -> bool {
+    pub fn masking(&self) -> bool {
         matches!(self.lazy, None | Some(Lazy::Active))
     }
 

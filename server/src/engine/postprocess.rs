@@ -78,8 +78,9 @@ impl Postprocess {
     ) -> Result<(u32, RawRow), String> {
         // Plain greedy rows of logits on a GPU are decided there: one id comes back instead of
         // the vocabulary.
+        // A lazy constraint that masks nothing yet (or never will) leaves the row plain.
         let plain_greedy = seq.sampler.is_plain_greedy()
-            && seq.request.constraint.is_none()
+            && seq.request.constraint.as_ref().is_none_or(|c| !c.masking())
             && seq.request.sampling.logprobs.is_none();
         if logits.on_device && plain_greedy {
             let ids = device_argmax.get_or_insert_with(|| (logits.argmax)().ok());
