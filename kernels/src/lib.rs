@@ -11,6 +11,9 @@
 //!   tokens and prefill chunks over each sequence's paged context, on the CPU,
 //!   in parallel on the current rayon pool.
 //!
+//! [`delta_net`] has the CPU kernels of Qwen3.5's Gated DeltaNet layers (causal convolution
+//! and the gated delta rule over a per-sequence recurrent state).
+//!
 //! With feature `cuda`, [`cuda::CudaAttentionBatch`] runs the same two operations on an NVIDIA
 //! GPU over a pool held in GPU memory (our kernels in `cuda/*.cu`, compiled to PTX at build
 //! time). Metal has no kernel of its own yet: radix-models runs attention there with candle
@@ -38,6 +41,7 @@ mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod delta_net;
 mod element;
 mod error;
 mod gpu_plan;

@@ -19,6 +19,10 @@ pub struct SequenceChunk {
     pub page_table: Vec<u32>,
     /// Whether to return logits for its last token.
     pub logits: bool,
+    /// Hybrid models: the [`crate::StatePool`] slot holding the sequence's recurrent state
+    /// after position `context_len - len - 1`, updated to the state after its last new token.
+    /// A chunk starting at position 0 starts from a zero state whatever the slot held.
+    pub state_slot: Option<u32>,
 }
 
 /// The new tokens of several sequences, packed row after row.
@@ -33,12 +37,25 @@ pub struct ForwardBatch {
 impl ForwardBatch {
     /// Adds a sequence's new tokens.
     pub fn push(&mut self, tokens: &[u32], context_len: usize, page_table: Vec<u32>, logits: bool) {
+        self.push_with_state(tokens, context_len, page_table, logits, None);
+    }
+
+    /// Adds a sequence's new tokens, with a hybrid model's state slot.
+    pub fn push_with_state(
+        &mut self,
+        tokens: &[u32],
+        context_len: usize,
+        page_table: Vec<u32>,
+        logits: bool,
+        state_slot: Option<u32>,
+    ) {
         self.sequences.push(SequenceChunk {
             start: self.tokens.len(),
             len: tokens.len(),
             context_len,
             page_table,
             logits,
+            state_slot,
         });
         self.tokens.extend_from_slice(tokens);
     }
@@ -99,6 +116,11 @@ impl ForwardBatch {
             if let Some(p) = s.page_table.iter().find(|&&p| p as usize >= num_pages) {
                 return bad(format!("sequence {i}: page {p} is outside the pool's {num_pages} pages"));
             }
+        }
+        let mut slots: Vec<u32> = self.sequences.iter().filter_map(|s| s.state_slot).collect();
+        slots.sort_unstable();
+        if slots.windows(2).any(|w| w[0] == w[1]) {
+            return bad("two sequences of the batch share a state slot".into());
         }
         if next != self.tokens.len() {
             return bad(format!("sequences cover {next} rows but the batch has {} tokens", self.tokens.len()));

@@ -1,4 +1,5 @@
 //! The shape of a decoder model, read from a Hugging Face `config.json` or from GGUF metadata.
+//! The hybrid (Gated DeltaNet) and mixture-of-experts parts of a shape are in `config/layers.rs`.
 
 use std::collections::HashMap;
 
@@ -6,6 +7,10 @@ use candle_core::quantized::gguf_file;
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
+
+mod layers;
+
+pub use layers::{HybridConfig, MoeConfig, ValueHeadOrder};
 
 /// The architectures we run; they share one decoder and differ in a few switches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +21,12 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMSNorm on each head of q and k, explicit head_dim, no biases.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a sparse mixture-of-experts MLP.
+    Qwen3Moe,
+    /// Qwen3.5/3.6: three Gated DeltaNet layers per gated full-attention layer, dense MLP.
+    Qwen35,
+    /// Qwen3.5/3.6-MoE: Qwen3.5's layers with a sparse MLP and a shared expert.
+    Qwen35Moe,
 }
 
 impl Architecture {
@@ -25,6 +36,15 @@ impl Architecture {
             "llama" | "LlamaForCausalLM" => Ok(Architecture::Llama),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
             "qwen3" | "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
+            "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe),
+            "qwen35" | "qwen3_5" | "qwen3_5_text" | "Qwen3_5ForCausalLM" | "Qwen3_5ForConditionalGeneration" => {
+                Ok(Architecture::Qwen35)
+            }
+            "qwen35moe"
+            | "qwen3_5_moe"
+            | "qwen3_5_moe_text"
+            | "Qwen3_5MoeForCausalLM"
+            | "Qwen3_5MoeForConditionalGeneration" => Ok(Architecture::Qwen35Moe),
             other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         }
     }
@@ -35,7 +55,20 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Qwen35 => "qwen35",
+            Architecture::Qwen35Moe => "qwen35moe",
         }
+    }
+
+    /// Whether attention normalises each head of q and k (Qwen3 and later).
+    pub fn has_qk_norm(self) -> bool {
+        !matches!(self, Architecture::Llama | Architecture::Qwen2)
+    }
+
+    /// Qwen3.5's layers: Gated DeltaNet mixers, a gated full attention, zero-centred norms.
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, Architecture::Qwen35 | Architecture::Qwen35Moe)
     }
 }
 
@@ -83,6 +116,21 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// The output head shares the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// Leading dimensions of each head that RoPE rotates (Qwen3.5: a quarter); `head_dim` for
+    /// the others.
+    pub rotary_dim: usize,
+    /// Qwen3.5's full attention: the q projection also yields a per-head gate, and the
+    /// attention output is multiplied by its sigmoid.
+    pub attention_output_gate: bool,
+    /// Added to every RMSNorm weight at load: 1 for Qwen3.5 checkpoints, whose norms scale by
+    /// `1 + w` (llama.cpp's converter folds the 1 into GGUF files), 0 otherwise.
+    pub norm_weight_offset: f32,
+    /// The Gated DeltaNet layers of a hybrid model.
+    pub hybrid: Option<HybridConfig>,
+    /// The sparse MLP of a mixture-of-experts model.
+    pub moe: Option<MoeConfig>,
+    /// Layers of multi-token-prediction heads the file carries and we skip (none run).
+    pub skipped_mtp_layers: usize,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +142,7 @@ struct HfConfig {
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
+    #[serde(default)]
     intermediate_size: usize,
     vocab_size: usize,
     rms_norm_eps: f64,
@@ -102,13 +151,30 @@ struct HfConfig {
     rope_scaling: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
+    #[serde(flatten)]
+    layers: layers::HfLayerFields,
 }
 
 impl ModelConfig {
     /// Reads a Hugging Face `config.json`.
     pub fn from_hf_json(text: &str) -> Result<Self> {
-        let hf: HfConfig =
+        let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json does not parse: {e}")))?;
+        // A Qwen3.5 checkpoint with its vision tower keeps the language model's shape in
+        // `text_config`, and its architecture name at the top.
+        let text = match value.get("text_config") {
+            Some(inner) => {
+                let mut inner = inner.clone();
+                if let (Some(map), Some(archs)) = (inner.as_object_mut(), value.get("architectures")) {
+                    map.entry("architectures").or_insert(archs.clone());
+                    map.remove("model_type");
+                }
+                inner
+            }
+            None => value,
+        };
+        let hf: HfConfig =
+            serde_json::from_value(text).map_err(|e| ModelError::Config(format!("config.json does not parse: {e}")))?;
         let arch_name = hf
             .model_type
             .clone()
@@ -124,6 +190,10 @@ impl ModelConfig {
             .unwrap_or(10_000.0);
         let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(|v| v.as_str());
         let number = |key: &str| rope.and_then(|r| r.get(key)).and_then(|v| v.as_f64());
+        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1));
+        let partial_rotary = number("partial_rotary_factor")
+            .or(hf.layers.partial_rotary_factor)
+            .unwrap_or(if arch.is_qwen35() { 0.25 } else { 1.0 });
         let (rope_llama3, rope_linear_factor) = match rope_type {
             None | Some("default") => (None, 1.0),
             Some("llama3") => (
@@ -138,14 +208,19 @@ impl ModelConfig {
             Some("linear") => (None, number("factor").unwrap_or(1.0)),
             Some(other) => return Err(ModelError::Config(format!("unsupported rope scaling type `{other}`"))),
         };
+        let moe = hf.layers.moe(arch, hf.num_hidden_layers)?;
         let config = ModelConfig {
             arch,
             hidden_size: hf.hidden_size,
             num_layers: hf.num_hidden_layers,
             num_heads: hf.num_attention_heads,
             num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-            head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
-            intermediate_size: hf.intermediate_size,
+            head_dim,
+            // A MoE model without dense layers may name no dense width.
+            intermediate_size: match (hf.intermediate_size, &moe) {
+                (0, Some(m)) => m.expert_intermediate_size,
+                (n, _) => n,
+            },
             vocab_size: hf.vocab_size,
             rms_norm_eps: hf.rms_norm_eps,
             rope_theta,
@@ -153,6 +228,12 @@ impl ModelConfig {
             rope_linear_factor,
             max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+            rotary_dim: (head_dim as f64 * partial_rotary) as usize,
+            attention_output_gate: arch.is_qwen35(),
+            norm_weight_offset: if arch.is_qwen35() { 1.0 } else { 0.0 },
+            hybrid: hf.layers.hybrid(arch, hf.num_hidden_layers)?,
+            moe,
+            skipped_mtp_layers: hf.layers.mtp_num_hidden_layers.unwrap_or(0),
         };
         config.validate()?;
         Ok(config)
@@ -184,6 +265,17 @@ impl ModelConfig {
             .get("token_embd.weight")
             .ok_or_else(|| ModelError::Config("GGUF has no token_embd.weight".into()))?;
         let vocab_size = embedding.shape.dims().first().copied().unwrap_or(0);
+        let block_count = usize_of("block_count")?;
+        // Multi-token-prediction layers are counted in `block_count` and come last.
+        let skipped_mtp_layers = usize_of("nextn_predict_layers").unwrap_or(0).min(block_count);
+        let num_layers = block_count - skipped_mtp_layers;
+        let moe = layers::gguf_moe(arch, &|k| usize_of(k).ok(), num_layers)?;
+        let hybrid = layers::gguf_hybrid(arch, md, &key, &|k| usize_of(k).ok(), num_layers)?;
+        let intermediate_size = match (usize_of("feed_forward_length"), &moe) {
+            (Ok(n), _) => n,
+            (Err(_), Some(m)) => m.expert_intermediate_size,
+            (Err(e), None) => return Err(e),
+        };
         let rope_linear_factor = match md.get(&key("rope.scaling.type")).and_then(|v| v.to_string().ok()) {
             Some(t) if t == "linear" => f64_of("rope.scaling.factor").unwrap_or(1.0),
             _ => 1.0,
@@ -191,11 +283,11 @@ impl ModelConfig {
         let config = ModelConfig {
             arch,
             hidden_size,
-            num_layers: usize_of("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
-            intermediate_size: usize_of("feed_forward_length")?,
+            intermediate_size,
             vocab_size,
             rms_norm_eps: f64_of("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
             rope_theta: f64_of("rope.freq_base").unwrap_or(10_000.0),
@@ -205,6 +297,12 @@ impl ModelConfig {
             rope_linear_factor,
             max_position_embeddings: usize_of("context_length").unwrap_or(4096),
             tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
+            rotary_dim: usize_of("rope.dimension_count").unwrap_or(head_dim),
+            attention_output_gate: arch.is_qwen35(),
+            norm_weight_offset: 0.0,
+            hybrid,
+            moe,
+            skipped_mtp_layers,
         };
         config.validate()?;
         Ok(config)
@@ -224,7 +322,26 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.hidden_size == 0 || self.intermediate_size == 0 {
             return bad("vocab, hidden and intermediate sizes must be positive".into());
         }
+        if self.rotary_dim == 0 || self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
+            return bad(format!("rotary dims {} must be even and within head_dim {}", self.rotary_dim, self.head_dim));
+        }
+        if let Some(h) = &self.hybrid {
+            h.validate(self.num_layers)?;
+        }
+        if let Some(m) = &self.moe {
+            m.validate(self.num_layers)?;
+        }
         Ok(())
+    }
+
+    /// Whether layer `layer` is a Gated DeltaNet (recurrent) layer rather than attention.
+    pub fn is_recurrent_layer(&self, layer: usize) -> bool {
+        self.hybrid.as_ref().is_some_and(|h| h.recurrent_layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// Layers with attention, each of which has a layer in the KV pool.
+    pub fn num_kv_layers(&self) -> usize {
+        (0..self.num_layers).filter(|&l| !self.is_recurrent_layer(l)).count()
     }
 }
 

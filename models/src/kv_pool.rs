@@ -146,7 +146,7 @@ impl KvPool {
         let layout = PagedLayout { num_kv_heads: config.num_kv_heads, head_dim: config.head_dim, page_size, num_pages };
         layout.validate().map_err(|e| ModelError::KvPool(e.to_string()))?;
         let mut layers = Vec::new();
-        for _ in 0..config.num_layers {
+        for _ in 0..config.num_kv_layers() {
             layers.push(LayerKv {
                 k: KvStorage::zeros(dtype, layout.layer_len(), device)?,
                 v: KvStorage::zeros(dtype, layout.layer_len(), device)?,
@@ -188,9 +188,9 @@ impl KvPool {
         self.device.as_ref()
     }
 
-    /// Bytes one page takes across all layers, K and V.
+    /// Bytes one page takes across all attention layers, K and V.
     pub fn page_bytes(config: &ModelConfig, page_size: usize, dtype: KvDType) -> usize {
-        2 * config.num_layers * page_size * config.num_kv_heads * config.head_dim * dtype.size()
+        2 * config.num_kv_layers() * page_size * config.num_kv_heads * config.head_dim * dtype.size()
     }
 
     /// Geometry of each layer's storage.

@@ -1,5 +1,6 @@
-//! One config-driven decoder for Llama, Qwen2 and Qwen3, running a packed batch over the
-//! external paged KV pool: loading (which source, which RoPE layout) and the forward pass's
+//! One config-driven decoder for Llama, Qwen2, Qwen3, Qwen3-MoE and Qwen3.5(-MoE), running a
+//! packed batch over the external paged KV pool (and, for hybrid models, the external
+//! recurrent [`StatePool`]): loading (which source, which RoPE layout) and the forward pass's
 //! outline (embed, layers, head). The layers are types of their own, each loaded from the
 //! config and a weight source (`weights`) and written once for every device; the device
 //! decides only inside attention, through the pass's `ForwardContext` (`model/backend.rs`).
@@ -7,6 +8,8 @@
 //! The architectures differ only in switches the weights and config carry: Qwen2 has q/k/v
 //! biases (loaded when present), Qwen3 normalises each head of q and k and may have a head_dim
 //! other than hidden/heads, and Llama GGUF files store q/k permuted for interleaved RoPE.
+//! Qwen3.5 swaps three of every four attention layers for Gated DeltaNet layers
+//! (`model/delta_net.rs`); the MoE models swap the MLP for a sparse one (`model/moe.rs`).
 
 use std::path::Path;
 
@@ -18,17 +21,20 @@ use crate::error::{ModelError, Result};
 use crate::kv_pool::{KvDType, KvPool};
 use crate::layers::Embedding;
 use crate::rope::{Rope, RopeLayout};
+use crate::state_pool::StatePool;
 use crate::weights::{GgufSource, RandomWeights, SafetensorsSource, TensorName, WeightSource, Weights};
 
 mod attention;
 mod backend;
 mod decoder_layer;
+mod delta_net;
 mod gather;
 mod head;
 mod mlp;
+mod moe;
 
 use backend::ForwardContext;
-use decoder_layer::DecoderLayer;
+use decoder_layer::{DecoderLayer, LayerCache};
 use head::Head;
 
 /// How to load a model.
@@ -147,7 +153,7 @@ impl Model {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let device = &options.device;
-        let mut weights = Weights::new(source, device);
+        let mut weights = Weights::new(source, device).with_norm_offset(config.norm_weight_offset);
         let (embedding, head) = Head::load(&config, &mut weights)?;
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.
@@ -164,23 +170,20 @@ impl Model {
             None
         };
         let rope = Rope::new(&config, layout, divisors.as_deref());
+        let mut notes = weights.into_notes();
+        if config.skipped_mtp_layers > 0 {
+            notes.push(format!(
+                "skipped the multi-token-prediction head's {} layer(s): it does not run here",
+                config.skipped_mtp_layers
+            ));
+        }
         let threads = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads.max(1))
             .thread_name(|i| format!("radix-model-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
         let tensor_path = options.tensor_path || !device.is_cpu();
-        Ok(Model {
-            config,
-            embedding,
-            layers,
-            head,
-            rope,
-            threads,
-            notes: weights.into_notes(),
-            device: device.clone(),
-            tensor_path,
-        })
+        Ok(Model { config, embedding, layers, head, rope, threads, notes, device: device.clone(), tensor_path })
     }
 
     /// The device the model runs on.
@@ -217,12 +220,29 @@ impl Model {
         &self.notes
     }
 
+    /// A state pool of `num_slots` sequences for a hybrid model's recurrent layers (host
+    /// memory on every path).
+    pub fn new_state_pool(&self, num_slots: usize) -> Result<StatePool> {
+        StatePool::new(&self.config, num_slots)
+    }
+
     /// Runs the batch's new tokens through the model, writing their K/V into `kv` and attending
     /// over each sequence's paged context. Returns `[sequences wanting logits, vocab]` f32 logits,
-    /// in batch order.
+    /// in batch order. Hybrid models need [`forward_with_state`](Self::forward_with_state).
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvPool) -> Result<Tensor> {
+        self.forward_with_state(batch, kv, None)
+    }
+
+    /// [`forward`](Self::forward) for any model: a hybrid model's recurrent layers read and
+    /// write each sequence's slot of `state` ([`crate::SequenceChunk::state_slot`]).
+    pub fn forward_with_state(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvPool,
+        mut state: Option<&mut StatePool>,
+    ) -> Result<Tensor> {
         let layout = *kv.layout();
-        if kv.layers.len() != self.config.num_layers
+        if kv.layers.len() != self.config.num_kv_layers()
             || layout.num_kv_heads != self.config.num_kv_heads
             || layout.head_dim != self.config.head_dim
         {
@@ -231,12 +251,32 @@ impl Model {
                 kv.layers.len(),
                 layout.num_kv_heads,
                 layout.head_dim,
-                self.config.num_layers,
+                self.config.num_kv_layers(),
                 self.config.num_kv_heads,
                 self.config.head_dim
             )));
         }
         batch.validate(layout.page_size, layout.num_pages, self.config.vocab_size)?;
+        if let Some(hybrid) = &self.config.hybrid {
+            let pool = state.as_deref().ok_or_else(|| {
+                ModelError::KvPool("a hybrid model's forward pass needs a state pool (Model::new_state_pool)".into())
+            })?;
+            if !pool.fits(hybrid) {
+                return Err(ModelError::KvPool("the state pool was made for another model".into()));
+            }
+            if let Some((i, s)) = batch
+                .sequences
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.state_slot.is_none_or(|p| p as usize >= pool.num_slots()))
+            {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: state slot {:?} is not one of the pool's {} slots",
+                    s.state_slot,
+                    pool.num_slots()
+                )));
+            }
+        }
         let pool_fits = match kv.device() {
             None => !self.tensor_path,
             Some(d) => self.tensor_path && d.same_device(&self.device),
@@ -256,8 +296,16 @@ impl Model {
             let ctx = ForwardContext::new(&self.config, &self.rope, batch, layout, &self.device, self.tensor_path)?;
             let ids = Tensor::from_slice(&batch.tokens, batch.tokens.len(), &self.device)?;
             let mut x = self.embedding.forward(&ids)?;
-            for (layer, layer_kv) in self.layers.iter().zip(kv.layers.iter_mut()) {
-                x = layer.forward(&x, &ctx, layer_kv)?;
+            let mut kv_layers = kv.layers.iter_mut();
+            let mut state_layers = state.as_mut().map(|s| s.layers.iter_mut());
+            for layer in &self.layers {
+                let cache = if layer.attends() {
+                    kv_layers.next().map(LayerCache::Kv)
+                } else {
+                    state_layers.as_mut().and_then(|s| s.next()).map(LayerCache::State)
+                };
+                let cache = cache.ok_or_else(|| ModelError::KvPool("fewer cache layers than model layers".into()))?;
+                x = layer.forward(&x, &ctx, cache)?;
             }
             self.head.forward(&x, &batch.logit_rows())
         })

@@ -27,7 +27,7 @@ pub struct Rope {
     layout: RopeLayout,
 }
 
-/// cos/sin of every token of a batch: `[tokens, head_dim/2]` each.
+/// cos/sin of every token of a batch: `[tokens, rotary_dim/2]` each.
 #[derive(Debug, Clone, Default)]
 pub struct RopeAngles {
     cos: Vec<f32>,
@@ -36,7 +36,7 @@ pub struct RopeAngles {
 }
 
 impl RopeAngles {
-    /// cos and sin, `[tokens, head_dim/2]` row-major each, and head_dim/2.
+    /// cos and sin, `[tokens, rotary_dim/2]` row-major each, and rotary_dim/2.
     pub fn cos_sin(&self) -> (&[f32], &[f32], usize) {
         (&self.cos, &self.sin, self.half)
     }
@@ -46,7 +46,9 @@ impl Rope {
     /// Builds the frequencies as transformers does (f32 `inv_freq`), with Llama 3 scaling from the
     /// config or llama.cpp's per-frequency divisors (`rope_freqs.weight`) when given.
     pub fn new(config: &ModelConfig, layout: RopeLayout, freq_divisors: Option<&[f32]>) -> Self {
-        let dim = config.head_dim;
+        // Partial rotary embeddings (Qwen3.5) rotate the leading `rotary_dim` dimensions of each
+        // head with frequencies of that width, and pass the rest through.
+        let dim = config.rotary_dim;
         let mut inv_freq: Vec<f32> =
             (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
         if let Some(s) = &config.rope_llama3 {
@@ -95,15 +97,22 @@ impl Rope {
         self.layout
     }
 
-    /// Rotates `x` (`[tokens, heads, head_dim]`, row-major) in place.
+    /// Rotates the leading rotary dimensions of each head of `x` (`[tokens, heads, head_dim]`,
+    /// row-major) in place.
     pub fn apply(&self, angles: &RopeAngles, x: &mut [f32], heads: usize) {
         let half = angles.half;
-        let head_dim = 2 * half;
-        debug_assert_eq!(x.len(), angles.cos.len() / half.max(1) * heads * head_dim);
+        let tokens = angles.cos.len() / half.max(1);
+        if tokens == 0 || half == 0 {
+            return;
+        }
+        let head_dim = x.len() / (tokens * heads);
+        debug_assert_eq!(x.len(), tokens * heads * head_dim);
+        debug_assert!(2 * half <= head_dim);
         for (t, token) in x.chunks_exact_mut(heads * head_dim).enumerate() {
             let cos = &angles.cos[t * half..(t + 1) * half];
             let sin = &angles.sin[t * half..(t + 1) * half];
             for head in token.chunks_exact_mut(head_dim) {
+                let head = &mut head[..2 * half];
                 match self.layout {
                     RopeLayout::Neox => {
                         let (a, b) = head.split_at_mut(half);
@@ -146,14 +155,25 @@ impl RopeTensors {
         Ok(RopeTensors { cos, sin, layout })
     }
 
-    /// Rotates `[tokens, heads, head_dim]` by each token's angles.
+    /// Rotates the leading rotary dimensions of `[tokens, heads, head_dim]` by each token's
+    /// angles.
     pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let (n, heads, d) = x.dims3()?;
-        let x = x.contiguous()?.reshape((n, heads, 1, d))?;
+        let rotary = 2 * self.cos.dim(2)?;
+        let (x, pass) = if rotary < d {
+            (x.narrow(2, 0, rotary)?, Some(x.narrow(2, rotary, d - rotary)?))
+        } else {
+            (x.clone(), None)
+        };
+        let x = x.contiguous()?.reshape((n, heads, 1, rotary))?;
         let rotated = match self.layout {
             RopeLayout::Neox => candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin)?,
             RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)?,
         };
-        Ok(rotated.reshape((n, heads, d))?)
+        let rotated = rotated.reshape((n, heads, rotary))?;
+        Ok(match pass {
+            Some(pass) => Tensor::cat(&[&rotated, &pass], 2)?,
+            None => rotated,
+        })
     }
 }

@@ -64,6 +64,17 @@ impl TensorName {
     }
 }
 
+/// Whose names and conventions a source's tensors follow: llama.cpp's converter bakes some
+/// transformations into GGUF files (Qwen3.5's `ssm_a = -exp(A_log)`, norms with `+1` folded
+/// in) that a layer must undo or apply itself for a transformers checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// GGUF as llama.cpp's converter writes it (and random weights, which use its names).
+    Gguf,
+    /// A transformers checkpoint.
+    Hf,
+}
+
 /// Weights as some source holds them. `shape` arguments are what the asking layer expects:
 /// random weights are made in it; files hold shapes of their own, which the embedding check and
 /// the first matmul hold to the config.
@@ -81,6 +92,24 @@ pub(crate) trait WeightSource {
 
     /// The `[vocab, hidden]` token embedding and, with `tied`, the output head on that matrix.
     fn embedding(&self, name: &TensorName, shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded>;
+
+    /// Whose names and conventions the tensors follow.
+    fn naming(&self) -> Naming {
+        Naming::Gguf
+    }
+
+    /// The `[out, in]` matrices of `experts` experts: GGUF stacks them in one 3-D tensor
+    /// (`stacked`), checkpoints keep one matrix per expert (`each(expert)`).
+    fn expert_matrices(
+        &self,
+        _stacked: &TensorName,
+        each: &dyn Fn(usize) -> TensorName,
+        experts: usize,
+        shape: [usize; 2],
+        to: &mut Target,
+    ) -> Result<Vec<Weight>> {
+        (0..experts).map(|e| self.matrix(&each(e).weight(), shape, to)).collect()
+    }
 }
 
 /// Where loaded weights go: the model's device, and the notes of load-time conversions worth
@@ -125,12 +154,36 @@ impl Embedded {
 pub(crate) struct Weights<'a> {
     source: &'a dyn WeightSource,
     to: Target,
+    /// Added to every RMSNorm weight ([`crate::ModelConfig::norm_weight_offset`]).
+    norm_offset: f32,
 }
 
 impl<'a> Weights<'a> {
     /// Loads from `source` onto `device`.
     pub(crate) fn new(source: &'a dyn WeightSource, device: &Device) -> Self {
-        Weights { source, to: Target { device: device.clone(), notes: Vec::new() } }
+        Weights { source, to: Target { device: device.clone(), notes: Vec::new() }, norm_offset: 0.0 }
+    }
+
+    /// Adds `offset` to the weight of every RMSNorm loaded from now on.
+    pub(crate) fn with_norm_offset(self, offset: f32) -> Self {
+        Weights { norm_offset: offset, ..self }
+    }
+
+    /// Whose names and conventions the source follows.
+    pub(crate) fn naming(&self) -> Naming {
+        self.source.naming()
+    }
+
+    /// The matrices of a MoE layer's experts; see [`WeightSource::expert_matrices`].
+    pub(crate) fn expert_linears(
+        &mut self,
+        stacked: &TensorName,
+        each: &dyn Fn(usize) -> TensorName,
+        experts: usize,
+        shape: [usize; 2],
+    ) -> Result<Vec<Linear>> {
+        let weights = self.source.expert_matrices(&stacked.weight(), each, experts, shape, &mut self.to)?;
+        Ok(weights.into_iter().map(Linear::new).collect())
     }
 
     /// See [`WeightSource::contains`].
@@ -150,7 +203,9 @@ impl<'a> Weights<'a> {
 
     /// The RMSNorm whose `[dim]` weight is `name.weight`.
     pub(crate) fn rms_norm(&self, name: &TensorName, dim: usize, eps: f64) -> Result<RmsNorm> {
-        Ok(RmsNorm::new(self.tensor(&name.weight(), &[dim])?, eps))
+        let weight = self.tensor(&name.weight(), &[dim])?;
+        let weight = if self.norm_offset != 0.0 { (weight + f64::from(self.norm_offset))? } else { weight };
+        Ok(RmsNorm::new(weight, eps))
     }
 
     /// The linear layer `name` (`name.weight`, `[out, in]`), with `name.bias` wherever the source

@@ -418,6 +418,7 @@ fn bad_batches_are_rejected_with_message() {
         context_len,
         page_table,
         logits: true,
+        state_slot: None,
     };
     let cases: Vec<(&str, ForwardBatch, Vec<&str>)> = vec![
         (

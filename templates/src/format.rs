@@ -21,6 +21,14 @@ pub(crate) const TOOL_RESPONSE_OPEN: &str = "<tool_response>";
 pub(crate) const TOOL_RESPONSE_CLOSE: &str = "</tool_response>";
 /// Llama 3's tool-call tag.
 pub(crate) const PYTHON_TAG: &str = "<|python_tag|>";
+/// Opens the function of a Qwen XML tool call; the name and `>` follow.
+pub(crate) const FUNCTION_OPEN: &str = "<function=";
+/// Closes the function of a Qwen XML tool call.
+pub(crate) const FUNCTION_CLOSE: &str = "</function>";
+/// Opens a parameter of a Qwen XML tool call; the key and `>` follow.
+pub(crate) const PARAMETER_OPEN: &str = "<parameter=";
+/// Closes a parameter of a Qwen XML tool call.
+pub(crate) const PARAMETER_CLOSE: &str = "</parameter>";
 
 /// Tokens that end a turn in the families we know, besides the tokenizer's EOS: ChatML's,
 /// Llama 3's (turn and text), Gemma's, and GPT-2-style end of text.
@@ -52,11 +60,15 @@ impl ModelFormat {
         ModelFormat { output }
     }
 
-    /// Recognises the family from its template text: a template that shows Hermes tool calls
-    /// is Hermes (Qwen), one with Llama 3's tag is Llama 3, anything else is plain text.
+    /// Recognises the family from its template text: a template that writes `<function=` and
+    /// `<parameter=` tags inside `<tool_call>` is Qwen XML (Qwen3.5, Qwen3-Coder), one that
+    /// shows other Hermes tool calls is Hermes (Qwen2.5, Qwen3), one with Llama 3's tag is
+    /// Llama 3, anything else is plain text.
     pub fn from_source(source: &TemplateSource) -> Self {
         let shows = |marker: &str| source.templates.values().any(|t| t.contains(marker));
-        let output = if shows(TOOL_OPEN) {
+        let output = if shows(TOOL_OPEN) && shows(FUNCTION_OPEN) && shows(PARAMETER_OPEN) {
+            OutputFormat::QwenXml
+        } else if shows(TOOL_OPEN) {
             OutputFormat::Hermes
         } else if shows(PYTHON_TAG) {
             OutputFormat::Llama3Json
@@ -66,10 +78,12 @@ impl ModelFormat {
         ModelFormat::new(output)
     }
 
-    /// Whether a rendered prompt leaves the reply inside reasoning (Qwen3's generation prompt
-    /// ends in an open `<think>`), which the parser cannot see from the reply alone.
+    /// Whether a rendered prompt leaves the reply inside reasoning (Qwen3's and Qwen3.5's
+    /// generation prompts end in an open `<think>`), which the parser cannot see from the reply
+    /// alone.
     pub fn starts_in_reasoning(&self, prompt_text: &str) -> bool {
-        self.output == OutputFormat::Hermes && prompt_text.trim_end().ends_with(THINK_OPEN)
+        matches!(self.output, OutputFormat::Hermes | OutputFormat::QwenXml)
+            && prompt_text.trim_end().ends_with(THINK_OPEN)
     }
 
     /// The format of a reply whose tools we described in the system prompt (the template shows
@@ -96,10 +110,12 @@ impl ModelFormat {
         }
     }
 
-    /// How this family writes a tool call; `None` when it has no tool-call format.
+    /// How this family writes a tool call; `None` when it has no tool-call format. Qwen XML
+    /// gets the Hermes JSON framing: its calls have no JSON object a grammar could be built
+    /// from, and its parser reads a JSON call inside `<tool_call>` as well.
     pub fn tool_call_framing(&self) -> Option<ToolCallFraming> {
         match self.output {
-            OutputFormat::Hermes => Some(ToolCallFraming {
+            OutputFormat::Hermes | OutputFormat::QwenXml => Some(ToolCallFraming {
                 arguments_key: "arguments",
                 open: "<tool_call>\n",
                 close: "\n</tool_call>",
@@ -147,6 +163,10 @@ mod tests {
     #[test]
     fn the_family_comes_from_the_template() {
         assert_eq!(ModelFormat::from_source(&source("{{ '<tool_call>' }}")).output, OutputFormat::Hermes);
+        let xml = "{{ '<tool_call>\\n<function=' + name + '>\\n' }}{{ '<parameter=' + key + '>\\n' }}";
+        assert_eq!(ModelFormat::from_source(&source(xml)).output, OutputFormat::QwenXml);
+        // Prose that mentions the tags without calls is not enough.
+        assert_eq!(ModelFormat::from_source(&source("<function=f> and <parameter=p>")).output, OutputFormat::Plain);
         assert_eq!(ModelFormat::from_source(&source("{{ '<|python_tag|>' }}")).output, OutputFormat::Llama3Json);
         assert_eq!(ModelFormat::from_source(&source("{{ messages }}")).output, OutputFormat::Plain);
     }
@@ -156,6 +176,9 @@ mod tests {
         let hermes = ModelFormat::new(OutputFormat::Hermes);
         assert!(hermes.starts_in_reasoning("<|im_start|>assistant\n<think>\n"));
         assert!(!hermes.starts_in_reasoning("<|im_start|>assistant\n"));
+        let xml = ModelFormat::new(OutputFormat::QwenXml);
+        assert!(xml.starts_in_reasoning("<|im_start|>assistant\n<think>\n"));
+        assert!(!xml.starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
         assert!(!ModelFormat::new(OutputFormat::Plain).starts_in_reasoning("<think>\n"));
     }
 }

@@ -5,7 +5,7 @@
 //! - [`prepare`]: prepare an agent's messages so every template accepts them and a stable
 //!   system block stays a prompt prefix (so the radix cache hits).
 //! - [`parse`]: turn generated text into content, reasoning and tool calls, also while streaming.
-//! - [`format`]: a model family's output conventions (reasoning markers, tool-call framing,
+//! - [`format`](mod@format): a model family's output conventions (reasoning markers, tool-call framing,
 //!   end-of-turn tokens), decided once from its template.
 //! - [`request`]: the OpenAI chat-completions fields that decide what a template renders.
 

@@ -29,7 +29,9 @@ fn fixtures_stream_char_by_char() {
 
 #[test]
 fn there_are_enough_fixtures() {
-    assert!(fixtures().len() >= 40);
+    assert!(fixtures().len() >= 60);
+    let xml = fixtures().iter().filter(|f| f.opts.format == OutputFormat::QwenXml).count();
+    assert!(xml >= 20, "{xml} Qwen XML fixtures");
 }
 
 #[test]
@@ -112,7 +114,7 @@ fn starts_in_reasoning_is_ignored_by_other_formats() {
 
 #[test]
 fn empty_reply() {
-    for format in [OutputFormat::Hermes, OutputFormat::Llama3Json, OutputFormat::Plain] {
+    for format in [OutputFormat::Hermes, OutputFormat::QwenXml, OutputFormat::Llama3Json, OutputFormat::Plain] {
         for reasoning in [false, true] {
             let o = opts(format, true, reasoning);
             assert_eq!(parse_complete(&o, ""), ParsedMessage::default());

@@ -124,20 +124,68 @@ fn preparation_makes_every_template_accept_what_transformers_accepts_in_some_for
 }
 
 #[test]
-fn raising_template_accepts_split_and_mid_conversation_system_messages_once_prepared() {
-    let case = common::templates().into_iter().find(|c| c.id == "strict_system").expect("strict_system template");
+fn raising_templates_accept_split_and_mid_conversation_system_messages_once_prepared() {
+    let templates = common::templates();
+    let conversations = common::conversations();
+    for id in ["strict_system", "qwen3_5"] {
+        let case = templates.iter().find(|c| c.id == id).unwrap_or_else(|| panic!("the {id} template"));
+        let prepared = PreparedTemplate::new(case.template.clone());
+        for wanted in ["two_system", "three_system", "system_mid"] {
+            let (name, request) = conversations
+                .iter()
+                .find(|(name, _)| name.contains(wanted))
+                .unwrap_or_else(|| panic!("a fixture named *{wanted}*"));
+            let raw = case.template.render(&request.render_input());
+            assert!(
+                matches!(&raw, Err(TemplateError::Raised(m)) if m == "System message must be at the beginning."),
+                "{id} × {name}: the raw render should raise, got {raw:?}"
+            );
+            prepared.render(request).unwrap_or_else(|e| panic!("{id} × {name}: prepared render fails: {e}"));
+        }
+    }
+}
+
+/// Qwen3.5 shows one system block, the tools first: the leading system messages merge into it,
+/// bytes untouched, so an agent's stable system text stays a prefix of every prompt.
+#[test]
+fn qwen35_merges_leading_system_messages_into_its_one_system_block() {
+    let case = common::templates().into_iter().find(|c| c.id == "qwen3_5").expect("the qwen3_5 template");
     let prepared = PreparedTemplate::new(case.template.clone());
     let conversations = common::conversations();
-    for wanted in ["two_system", "system_mid"] {
-        let (name, request) = conversations
+    for wanted in ["two_system", "three_system"] {
+        let (name, request) = conversations.iter().find(|(name, _)| name.contains(wanted)).unwrap();
+        let systems: Vec<&str> = request
+            .messages
             .iter()
-            .find(|(name, _)| name.contains(wanted))
-            .unwrap_or_else(|| panic!("a fixture named *{wanted}*"));
-        let raw = case.template.render(&request.render_input());
-        assert!(
-            matches!(&raw, Err(TemplateError::Raised(m)) if m == "System message must be at the beginning."),
-            "{name}: the raw render should raise, got {raw:?}"
-        );
-        prepared.render(request).unwrap_or_else(|e| panic!("{name}: prepared render fails: {e}"));
+            .take_while(|m| m["role"] == "system")
+            .map(|m| m["content"].as_str().unwrap())
+            .collect();
+        assert!(systems.len() >= 2, "{name}");
+        let text = prepared.render(request).unwrap();
+        assert_eq!(text.matches("<|im_start|>system\n").count(), 1, "{name}: one system block");
+        let block = &text[..text.find("<|im_end|>").unwrap()];
+        assert!(block.ends_with(&systems.join("\n\n")), "{name}: the system texts end the block:\n{block}");
+        if request.tools.is_some() {
+            assert!(block.starts_with("<|im_start|>system\n# Tools"), "{name}: tools come first");
+        }
     }
+}
+
+/// What probing finds in Qwen3.5's template: it raises on a later system message and on string
+/// arguments, and shows everything else itself, so preparation changes nothing it accepts.
+#[test]
+fn qwen35_preparation_leaves_what_the_template_accepts_untouched() {
+    let case = common::templates().into_iter().find(|c| c.id == "qwen3_5").expect("the qwen3_5 template");
+    let prepared = PreparedTemplate::new(case.template.clone());
+    let b = prepared.behavior;
+    assert!(!b.renders_later_system && !b.accepts_string_arguments, "{b:?}");
+    assert!(b.renders_tool_calls && b.renders_tool_role && b.renders_tool_definitions, "{b:?}");
+    assert!(b.accepts_content_parts && b.accepts_consecutive_roles && b.accepts_missing_tool_call_content, "{b:?}");
+    let mut accepted = 0;
+    for (name, request) in common::conversations() {
+        let Ok(raw) = case.template.render(&request.render_input()) else { continue };
+        accepted += 1;
+        assert_eq!(prepared.render(&request).unwrap(), raw, "{name}");
+    }
+    assert!(accepted >= 15, "only {accepted} fixtures render raw");
 }

@@ -16,7 +16,7 @@ use candle_core::{Device, Tensor};
 use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
 
 use super::gather::GatherPlan;
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, SequenceChunk};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_pool::{LayerKv, TypedKv};
@@ -36,6 +36,8 @@ pub(crate) struct Heads {
 /// What the attention of one forward pass shares across layers.
 pub(crate) struct ForwardContext<'a> {
     heads: Heads,
+    /// The batch's sequences, for the recurrent layers' per-sequence state.
+    chunks: &'a [SequenceChunk],
     /// `1 / sqrt(head_dim)`.
     scale: f32,
     backend: Backend<'a>,
@@ -88,7 +90,12 @@ impl<'a> ForwardContext<'a> {
             let (slots, seqs) = (batch.slots(layout.page_size), batch.attention_sequences());
             Backend::Host(HostPlan { rope, angles, slots, seqs, layout })
         };
-        Ok(ForwardContext { heads, scale: 1.0 / (config.head_dim as f32).sqrt(), backend })
+        Ok(ForwardContext { heads, chunks: &batch.sequences, scale: 1.0 / (config.head_dim as f32).sqrt(), backend })
+    }
+
+    /// The batch's sequences, in row order.
+    pub(crate) fn chunks(&self) -> &'a [SequenceChunk] {
+        self.chunks
     }
 
     /// The head geometry every attention layer of the pass has.

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::layers::Linear;
 use crate::weights::{TensorName, Weights};
 
-/// One decoder layer's MLP.
+/// One decoder layer's MLP (or a MoE layer's shared expert).
 pub(crate) struct Mlp {
     gate: Linear,
     up: Linear,
@@ -18,12 +18,25 @@ pub(crate) struct Mlp {
 impl Mlp {
     /// Loads layer `layer`'s MLP.
     pub(crate) fn load(config: &ModelConfig, layer: usize, w: &mut Weights) -> Result<Self> {
-        let name = |gguf: &str, hf: &str| TensorName::layer(layer, gguf, hf);
-        let (hidden, inner) = (config.hidden_size, config.intermediate_size);
+        let names = ["ffn_gate", "ffn_up", "ffn_down"];
+        Self::load_named(layer, names, "mlp", config.hidden_size, config.intermediate_size, w)
+    }
+
+    /// Loads an MLP of width `inner` whose GGUF matrices are `blk.{layer}.{gguf[i]}` (gate, up,
+    /// down) and whose checkpoint module is `model.layers.{layer}.{hf}`.
+    pub(crate) fn load_named(
+        layer: usize,
+        gguf: [&str; 3],
+        hf: &str,
+        hidden: usize,
+        inner: usize,
+        w: &mut Weights,
+    ) -> Result<Self> {
+        let name = |g: &str, proj: &str| TensorName::layer(layer, g, &format!("{hf}.{proj}"));
         Ok(Mlp {
-            gate: w.linear(&name("ffn_gate", "mlp.gate_proj"), [inner, hidden], false)?,
-            up: w.linear(&name("ffn_up", "mlp.up_proj"), [inner, hidden], false)?,
-            down: w.linear(&name("ffn_down", "mlp.down_proj"), [hidden, inner], false)?,
+            gate: w.linear(&name(gguf[0], "gate_proj"), [inner, hidden], false)?,
+            up: w.linear(&name(gguf[1], "up_proj"), [inner, hidden], false)?,
+            down: w.linear(&name(gguf[2], "down_proj"), [hidden, inner], false)?,
         })
     }
 

@@ -79,7 +79,7 @@ const LLAMA3_SPLIT: &str = concat!(
 );
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN35_SPLIT: &str = concat!(
+pub(super) const QWEN35_SPLIT: &str = concat!(
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}",
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
@@ -126,7 +126,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
 
 /// GPT-2's byte-to-character table: printable Latin-1 bytes stand for themselves, the others are
 /// shifted to U+0100 onwards.
-fn bytes_to_unicode() -> [char; 256] {
+pub(super) fn bytes_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut shifted = 0u32;
     for (byte, slot) in table.iter_mut().enumerate() {

@@ -8,7 +8,11 @@
 //! - a model directory with `tokenizer.json` + `tokenizer_config.json` (and optionally
 //!   `generation_config.json`) ([`Tokenizer::from_model_dir`]),
 //! - a GGUF file's metadata ([`Tokenizer::from_gguf_file`], [`Tokenizer::from_gguf_metadata`]),
-//!   rebuilt the way transformers' GGUF loader rebuilds it (see `gguf_vocab.rs`).
+//!   rebuilt the way transformers' GGUF loader rebuilds it (see `gguf_vocab.rs`),
+//! - a tiktoken ranks file with its regex and added tokens ([`Tokenizer::from_tiktoken`], see
+//!   `tiktoken.rs`; Qwen3.5/3.6's in `qwen35.rs`).
+//!
+//! What was built can be written out as a model directory's files (`write.rs`).
 //!
 //! Special tokens written in the text (`<|im_start|>`) are always matched as single tokens, as
 //! transformers does for added tokens. [`IncrementalDetokenizer`] turns a stream of generated ids
@@ -16,7 +20,10 @@
 
 mod detokenize;
 mod gguf_vocab;
+mod qwen35;
+mod tiktoken;
 mod token_bytes;
+mod write;
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -28,6 +35,8 @@ use serde_json::Value as Json;
 
 pub use detokenize::IncrementalDetokenizer;
 pub use gguf_vocab::{SUPPORTED_GGUF_MODELS, SUPPORTED_GGUF_PRE_TOKENIZERS};
+pub use qwen35::{qwen35_tiktoken_options, qwen35_tokenizer_config};
+pub use tiktoken::{TiktokenAddedToken, TiktokenOptions};
 
 /// Everything that can go wrong loading a tokenizer or running it.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +101,14 @@ pub enum TokenizerError {
         /// The text's length in bytes.
         len: usize,
         /// The library's message.
+        message: String,
+    },
+    /// A tokenizer file could not be produced.
+    #[error("cannot write {path}: {message}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
         message: String,
     },
     /// Decoding failed.

@@ -112,19 +112,44 @@ impl WeightSource for GgufSource {
             return Ok(Weight::Candle(QMatMul::Tensor(self.tensor(name, &shape, &to.device)?)));
         }
         let q = self.qtensor(name, &to.device)?;
-        if !to.device.is_cpu() {
-            return Ok(match q.dtype() {
-                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-                    Weight::Dense(q.dequantize(&to.device)?.to_dtype(stored_float_type(q.dtype()))?)
-                }
-                _ => Weight::Candle(QMatMul::from_qtensor(q)?),
+        self.weight_of(q, to)
+    }
+
+    /// Splits llama.cpp's `[experts, out, in]` tensor into one matrix per expert: each expert's
+    /// blocks are contiguous, so each becomes a tensor of its own bytes, typed as stored.
+    fn expert_matrices(
+        &self,
+        stacked: &TensorName,
+        _each: &dyn Fn(usize) -> TensorName,
+        experts: usize,
+        shape: [usize; 2],
+        to: &mut Target,
+    ) -> Result<Vec<Weight>> {
+        let all = self.qtensor(stacked, &Device::Cpu)?;
+        let bad = |m: String| ModelError::BadFile { path: self.path.clone(), message: m };
+        let dims = all.shape().dims().to_vec();
+        if dims != [experts, shape[0], shape[1]] {
+            return Err(bad(format!(
+                "expert tensor `{}` has shape {dims:?}, expected [{experts}, {}, {}]",
+                stacked.gguf(),
+                shape[0],
+                shape[1]
+            )));
+        }
+        let bytes = all.data()?;
+        let per_expert = bytes.len() / experts;
+        let mut out = Vec::with_capacity(experts);
+        for e in 0..experts {
+            let data = std::borrow::Cow::Borrowed(&bytes[e * per_expert..(e + 1) * per_expert]);
+            let storage = candle_core::quantized::QStorage::from_data(data, &to.device, all.dtype())?;
+            let q = QTensor::new(storage, (dims[1], dims[2]))?;
+            out.push(if self.dequantize {
+                Weight::Candle(QMatMul::Tensor(q.dequantize(&to.device)?))
+            } else {
+                self.weight_of(q, to)?
             });
         }
-        let q = fast_cpu_type(q, to)?;
-        Ok(match q8_0_matrix(&q, &mut to.notes)? {
-            Some(m) => Weight::Q8_0(m),
-            None => Weight::Candle(QMatMul::from_qtensor(q)?),
-        })
+        Ok(out)
     }
 
     /// On a GPU, quantized rows stay quantized (lookups dequantize the rows they need) and a tied
@@ -162,6 +187,25 @@ impl WeightSource for GgufSource {
                 Embedded { embedding: Embedding::Q8_0(Arc::clone(&m)), tied_head: Some(Linear::new(Weight::Q8_0(m))) }
             }
             None => Embedded::quantized(fast, true)?,
+        })
+    }
+}
+
+impl GgufSource {
+    /// A stored matrix in the form that runs fastest on the target device.
+    fn weight_of(&self, q: QTensor, to: &mut Target) -> Result<Weight> {
+        if !to.device.is_cpu() {
+            return Ok(match q.dtype() {
+                GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                    Weight::Dense(q.dequantize(&to.device)?.to_dtype(stored_float_type(q.dtype()))?)
+                }
+                _ => Weight::Candle(QMatMul::from_qtensor(q)?),
+            });
+        }
+        let q = fast_cpu_type(q, to)?;
+        Ok(match q8_0_matrix(&q, &mut to.notes)? {
+            Some(m) => Weight::Q8_0(m),
+            None => Weight::Candle(QMatMul::from_qtensor(q)?),
         })
     }
 }

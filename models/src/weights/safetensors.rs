@@ -8,7 +8,7 @@ use candle_core::quantized::QMatMul;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
-use super::{Embedded, Target, TensorName, WeightSource};
+use super::{Embedded, Naming, Target, TensorName, WeightSource};
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
 use crate::layers::Weight;
@@ -19,6 +19,9 @@ pub(crate) struct SafetensorsSource {
     tensors: MmapedSafetensors,
     /// For the message of a missing tensor.
     arch: Architecture,
+    /// Checkpoints of Qwen3.5 with its vision tower keep the language model under
+    /// `model.language_model.` rather than `model.`.
+    language_model_prefix: bool,
 }
 
 impl SafetensorsSource {
@@ -37,14 +40,24 @@ impl SafetensorsSource {
         // server is outside what we can guard against, as for every mmap-based loader.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }
             .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("bad safetensors: {e}") })?;
-        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, arch })
+        let language_model_prefix = tensors.get("model.language_model.embed_tokens.weight").is_ok();
+        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, arch, language_model_prefix })
+    }
+
+    /// The name `name` is stored under.
+    fn stored_name(&self, name: &TensorName) -> String {
+        match name.hf().strip_prefix("model.") {
+            Some(rest) if self.language_model_prefix => format!("model.language_model.{rest}"),
+            _ => name.hf().to_owned(),
+        }
     }
 
     /// The tensor as stored, on `device`.
     fn load(&self, name: &TensorName, device: &Device) -> Result<Tensor> {
-        self.tensors.load(name.hf(), device).map_err(|_| ModelError::MissingTensor {
+        let stored = self.stored_name(name);
+        self.tensors.load(&stored, device).map_err(|_| ModelError::MissingTensor {
             path: self.dir.clone(),
-            name: name.hf().to_owned(),
+            name: stored.clone(),
             arch: self.arch.gguf_name().to_owned(),
         })
     }
@@ -57,8 +70,12 @@ impl SafetensorsSource {
 }
 
 impl WeightSource for SafetensorsSource {
+    fn naming(&self) -> Naming {
+        Naming::Hf
+    }
+
     fn contains(&self, name: &TensorName, _expected: bool) -> bool {
-        self.tensors.get(name.hf()).is_ok()
+        self.tensors.get(&self.stored_name(name)).is_ok()
     }
 
     fn tensor(&self, name: &TensorName, _shape: &[usize], device: &Device) -> Result<Tensor> {

@@ -1,11 +1,18 @@
 //! [`super::OutputFormat::Hermes`]: Qwen2.5/Qwen3/QwQ/Hermes `<think>` reasoning and
-//! `<tool_call>{json}</tool_call>` calls. The rules are documented in the module docs of
-//! [`super`].
+//! `<tool_call>{json}</tool_call>` calls; and [`super::OutputFormat::QwenXml`], the same
+//! reasoning and content with XML calls inside `<tool_call>` ([`xml`]). The rules are
+//! documented in the module docs of [`super`].
+
+mod xml;
+
+use std::sync::Arc;
 
 use super::emit::{Emitter, Kind};
 use super::json_scan::{Feed, ObjectScanner};
 use super::markers::{HERMES_MARKERS, Match, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN, match_at};
+use super::recover::DeclaredTool;
 use super::stream::Driver;
+use xml::XmlCall;
 
 /// Where in the reply the parser is.
 #[derive(Debug)]
@@ -13,6 +20,33 @@ enum Mode {
     Reasoning(Reasoning),
     Content(Content),
     Call(Box<Call>),
+    XmlCall(Box<XmlCall>),
+}
+
+/// What `<tool_call>` opens in content.
+#[derive(Debug, Clone)]
+pub(crate) enum Calls {
+    /// Nothing: tools are disabled and the marker is text.
+    Off,
+    /// A Hermes JSON call.
+    Json,
+    /// A Qwen XML call (or a JSON one); the declared tools tell which parameters are strings.
+    Xml(Arc<[DeclaredTool]>),
+}
+
+impl Calls {
+    fn enabled(&self) -> bool {
+        !matches!(self, Calls::Off)
+    }
+
+    /// The mode an enabled `<tool_call>` starts, `lead_ws` being the whitespace held before it.
+    fn open(&self, lead_ws: String) -> Mode {
+        match self {
+            // `Off` never gets here (callers ask `enabled` first); a JSON call is the harmless answer.
+            Calls::Off | Calls::Json => Mode::Call(Call::new(lead_ws)),
+            Calls::Xml(tools) => Mode::XmlCall(XmlCall::new(lead_ws, tools.clone())),
+        }
+    }
 }
 
 /// Inside `<think>`.
@@ -57,7 +91,7 @@ struct Call {
 /// The Hermes parser state.
 #[derive(Debug)]
 pub(crate) struct Hermes {
-    tools: bool,
+    calls: Calls,
     id_prefix: String,
     next_index: usize,
     mode: Mode,
@@ -76,13 +110,13 @@ fn first_char(rest: &str) -> char {
 }
 
 impl Hermes {
-    pub(crate) fn new(tools: bool, id_prefix: String, starts_in_reasoning: bool) -> Self {
+    pub(crate) fn new(calls: Calls, id_prefix: String, starts_in_reasoning: bool) -> Self {
         let mode = if starts_in_reasoning {
             Mode::Reasoning(Reasoning { at_start: true, pending_nl: 0 })
         } else {
             Mode::Content(Content { seg_start: true, think_allowed: true, ..Content::default() })
         };
-        Hermes { tools, id_prefix, next_index: 0, mode }
+        Hermes { calls, id_prefix, next_index: 0, mode }
     }
 }
 
@@ -92,8 +126,9 @@ impl Driver for Hermes {
         loop {
             let (next_i, next) = match &mut self.mode {
                 Mode::Reasoning(r) => r.step(buf, i, at_end, em),
-                Mode::Content(c) => c.step(self.tools, buf, i, at_end, em),
+                Mode::Content(c) => c.step(&self.calls, buf, i, at_end, em),
                 Mode::Call(call) => call.step(&mut self.next_index, &self.id_prefix, buf, i, em),
+                Mode::XmlCall(call) => call.step(&mut self.next_index, &self.id_prefix, buf, i, at_end, em),
             };
             i = next_i;
             match next {
@@ -116,6 +151,10 @@ impl Driver for Hermes {
             }
             Mode::Call(call) => {
                 let mode = call.end(em);
+                self.mode = mode;
+            }
+            Mode::XmlCall(call) => {
+                let mode = call.end_of_reply(em);
                 self.mode = mode;
             }
         }
@@ -187,7 +226,7 @@ impl Reasoning {
 }
 
 impl Content {
-    fn step(&mut self, tools: bool, buf: &str, mut i: usize, at_end: bool, em: &mut Emitter) -> (usize, Next) {
+    fn step(&mut self, calls: &Calls, buf: &str, mut i: usize, at_end: bool, em: &mut Emitter) -> (usize, Next) {
         while i < buf.len() {
             let rest = &buf[i..];
             let ch = first_char(rest);
@@ -205,9 +244,9 @@ impl Content {
                 if ch == '<' {
                     match match_at(rest, HERMES_MARKERS, at_end) {
                         Match::Partial => return (i, Next::Stop),
-                        Match::Full(TOOL_OPEN) if tools => {
-                            let call = Call::new(std::mem::take(&mut self.pending_ws));
-                            return (i + TOOL_OPEN.len(), Next::Switch(Mode::Call(call)));
+                        Match::Full(TOOL_OPEN) if calls.enabled() => {
+                            let call = calls.open(std::mem::take(&mut self.pending_ws));
+                            return (i + TOOL_OPEN.len(), Next::Switch(call));
                         }
                         Match::Full(TOOL_CLOSE) if self.after_call => {
                             self.pending_ws.clear();
@@ -230,9 +269,8 @@ impl Content {
             if ch == '<' {
                 match match_at(rest, HERMES_MARKERS, at_end) {
                     Match::Partial => return (i, Next::Stop),
-                    Match::Full(TOOL_OPEN) if tools => {
-                        let call = Call::new(String::new());
-                        return (i + TOOL_OPEN.len(), Next::Switch(Mode::Call(call)));
+                    Match::Full(TOOL_OPEN) if calls.enabled() => {
+                        return (i + TOOL_OPEN.len(), Next::Switch(calls.open(String::new())));
                     }
                     Match::Full(m) => {
                         em.marker(Kind::Content, m);
@@ -256,6 +294,18 @@ impl Content {
 impl Call {
     fn new(lead_ws: String) -> Box<Call> {
         Box::new(Call { lead_ws, raw: TOOL_OPEN.to_owned(), ..Call::default() })
+    }
+
+    /// A call whose `<tool_call>` and the whitespace after it were read as the start of an XML
+    /// call before a `{` showed it is JSON.
+    fn after_whitespace(lead_ws: String, ws: &str) -> Box<Call> {
+        let mut call = Call::new(lead_ws);
+        for c in ws.chars() {
+            // Whitespace before the object is framing.
+            let _ = call.scanner.feed(c);
+            call.raw.push(c);
+        }
+        call
     }
 
     /// Feeds the call's JSON; never waits (no lookahead is needed inside a call).

@@ -1,10 +1,19 @@
 //! Each format's markers (their strings live in crate::format) and how to recognise them at the
 //! front of a buffer.
 
-pub(crate) use crate::format::{PYTHON_TAG, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN};
+pub(crate) use crate::format::{
+    FUNCTION_CLOSE, FUNCTION_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN, PYTHON_TAG, THINK_CLOSE, THINK_OPEN, TOOL_CLOSE,
+    TOOL_OPEN,
+};
 
 /// Markers of [`super::OutputFormat::Hermes`]. None is a prefix of another.
 pub(crate) const HERMES_MARKERS: &[&str] = &[THINK_OPEN, THINK_CLOSE, TOOL_OPEN, TOOL_CLOSE];
+/// What may follow a Qwen XML call's parameter list: a parameter, the function's end, or the
+/// call's end (a function left open). None is a prefix of another.
+pub(crate) const XML_BODY_MARKERS: &[&str] = &[PARAMETER_OPEN, FUNCTION_CLOSE, TOOL_CLOSE];
+/// What ends a Qwen XML parameter value: its own end tag, or (where the model left it open)
+/// the next parameter, the function's end or the call's end. None is a prefix of another.
+pub(crate) const XML_VALUE_ENDS: &[&str] = &[PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE, TOOL_CLOSE];
 /// Markers of [`super::OutputFormat::Llama3Json`].
 pub(crate) const LLAMA3_MARKERS: &[&str] = &[PYTHON_TAG];
 

@@ -9,7 +9,8 @@
 //!   [`crate::testing::parse_complete`] is defined as exactly that. The parser only decides something once
 //!   the text seen so far determines it; everything else is held back.
 //! * **No partial markers.** A suffix that could still become a marker (`<think>`,
-//!   `</think>`, `<tool_call>`, `</tool_call>` for [`OutputFormat::Hermes`],
+//!   `</think>`, `<tool_call>`, `</tool_call>` for [`OutputFormat::Hermes`] and
+//!   [`OutputFormat::QwenXml`],
 //!   `<|python_tag|>` for [`OutputFormat::Llama3Json`]) is held back until it is
 //!   disambiguated (or flushed by [`StreamingParser::finish`]). A marker that ends up as
 //!   text (see below) always starts its own `Content`/`Reasoning` event and is never split
@@ -19,7 +20,8 @@
 //!   segment (the reply's start, after `</think>`, after a tool call) are held back.
 //! * **Nothing is lost.** Every character of the reply ends up in content, reasoning, a
 //!   call's name or arguments, or is structure (a recognised marker, the JSON framing of an
-//!   accepted call, a `;` between Llama 3 calls, trimmed whitespace).
+//!   accepted call, the tags and framing newlines of a Qwen XML call, a `;` between Llama 3
+//!   calls, trimmed whitespace).
 //! * Never panics, whatever the text.
 //!
 //! # Hermes / Qwen rules ([`OutputFormat::Hermes`])
@@ -61,6 +63,33 @@
 //! * Markers that are not structural where they appear (`<tool_call>` with tools disabled,
 //!   a stray `</tool_call>`, `<think>` after the start, `</think>` in content, markers inside
 //!   reasoning) are literal text, emitted as an event that starts with the marker.
+//!
+//! # Qwen XML rules ([`OutputFormat::QwenXml`])
+//!
+//! * Reasoning, content, whitespace and malformed-call fallback are as for Hermes; only what
+//!   follows `<tool_call>` differs. A `{` there (after whitespace) is read as a Hermes JSON call,
+//!   which is how a grammar-forced call is written ([`crate::ModelFormat::tool_call_framing`]).
+//! * **Calls**: `<tool_call>`, whitespace, `<function=NAME>`, then any number of
+//!   `<parameter=KEY>VALUE</parameter>` separated by whitespace, `</function>`, whitespace,
+//!   `</tool_call>`. Name and key are trimmed and may hold neither `<` nor a newline.
+//! * **Commitment.** The call is committed (`ToolCallStart`) when `<function=NAME>` closes.
+//!   Each parameter is emitted when its value ends, as the next member of a JSON object
+//!   (`{"key": value`, then `, "key": value`, then `}`; `{}` without parameters), so the
+//!   arguments are always one JSON object, streamed a parameter at a time.
+//! * **Values.** One newline after `<parameter=KEY>` and one before the tag that ends the value
+//!   are framing. A value ends at `</parameter>`, or where the model left it open at the next
+//!   `<parameter=`, `</function>` or `</tool_call>`. The template writes strings verbatim,
+//!   lists and mappings as `tojson`, other values as Python's `str()`; reading inverts that:
+//!   text that is exactly a JSON value (no surrounding whitespace) is that value, verbatim;
+//!   `True`, `False`, `None` are `true`, `false`, `null`; anything else is a string. Where the
+//!   request's declared tools ([`ParserOptions::declared_tools`]) give the parameter the schema
+//!   type `"string"`, the value is always a string.
+//! * **Broken calls.** Before commitment (`<function=` missing or its name malformed, or the
+//!   reply ends), the call's text is content as for Hermes. After it, text where a tag should
+//!   be ends the call with the parameters so far; that text is content, and a `</tool_call>`
+//!   right after (whitespace apart) is still the call's end. A malformed parameter tag ends the
+//!   call too, its text `<parameter=KEY` becoming content. At the end of the reply a committed
+//!   call keeps its parameters, a value being written included.
 //!
 //! # Llama 3 rules ([`OutputFormat::Llama3Json`])
 //!
@@ -106,6 +135,9 @@ pub enum OutputFormat {
     /// Qwen2.5, Qwen3, QwQ, Hermes: `<think>…</think>` reasoning and
     /// `<tool_call>{json}</tool_call>` calls.
     Hermes,
+    /// Qwen3.5, Qwen3-Coder: Hermes reasoning and content, with XML calls
+    /// `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`.
+    QwenXml,
     /// Llama 3.x: JSON objects `{"name": …, "parameters"|"arguments": {…}}`, possibly after
     /// `<|python_tag|>`, several separated by `;`.
     Llama3Json,
@@ -120,7 +152,7 @@ pub struct ParserOptions {
     pub format: OutputFormat,
     /// The generation prompt already opened `<think>` (the template ended it with
     /// `"<think>\n"`), so the reply starts inside reasoning. Only used by
-    /// [`OutputFormat::Hermes`].
+    /// [`OutputFormat::Hermes`] and [`OutputFormat::QwenXml`].
     pub starts_in_reasoning: bool,
     /// Tool call ids are `format!("{tool_call_id_prefix}{index}")`, `index` counting the
     /// reply's calls from 0, so streaming and whole parsing agree.
@@ -129,7 +161,8 @@ pub struct ParserOptions {
     pub tools_enabled: bool,
     /// The tools the request declared, for replies that write a call as a bare JSON object
     /// ([`recover`]); empty turns that recovery off (a `tool_choice` other than `auto`, where a
-    /// grammar writes the framing).
+    /// grammar writes the framing). [`OutputFormat::QwenXml`] also reads from their schemas
+    /// which parameters are strings.
     pub declared_tools: Vec<DeclaredTool>,
 }
 
@@ -160,8 +193,9 @@ pub struct ToolCall {
     pub id: String,
     /// The function name (JSON string decoded).
     pub name: String,
-    /// The model's raw argument JSON text, a byte-exact substring of its output (not
-    /// re-serialized; `"{}"` when a committed call gave no arguments).
+    /// The arguments as JSON text. Hermes and Llama 3: the model's raw argument text, a
+    /// byte-exact substring of its output (not re-serialized; `"{}"` when a committed call
+    /// gave no arguments). Qwen XML: an object built from the call's parameters.
     pub arguments: String,
 }
 

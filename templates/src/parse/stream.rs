@@ -1,7 +1,7 @@
 //! [`StreamingParser`]: buffering of unconsumed text and dispatch to the format's parser.
 
 use super::emit::Emitter;
-use super::hermes::Hermes;
+use super::hermes::{Calls, Hermes};
 use super::llama3::Llama3;
 use super::recover::BareCallRecovery;
 use super::{OutputFormat, ParseEvent, ParserOptions};
@@ -38,11 +38,18 @@ impl StreamingParser {
     /// A parser for one reply.
     pub fn new(opts: ParserOptions) -> Self {
         let ParserOptions { format, starts_in_reasoning, tool_call_id_prefix, tools_enabled, declared_tools } = opts;
+        let calls = match format {
+            _ if !tools_enabled => Calls::Off,
+            OutputFormat::QwenXml => Calls::Xml(declared_tools.clone().into()),
+            _ => Calls::Json,
+        };
         let recovery = (tools_enabled && !declared_tools.is_empty())
             .then(|| BareCallRecovery::new(declared_tools, tool_call_id_prefix.clone()));
         let inner = match format {
             OutputFormat::Plain => Inner::Plain,
-            OutputFormat::Hermes => Inner::Hermes(Hermes::new(tools_enabled, tool_call_id_prefix, starts_in_reasoning)),
+            OutputFormat::Hermes | OutputFormat::QwenXml => {
+                Inner::Hermes(Hermes::new(calls, tool_call_id_prefix, starts_in_reasoning))
+            }
             OutputFormat::Llama3Json => Inner::Llama3(Llama3::new(tools_enabled, tool_call_id_prefix)),
         };
         StreamingParser { inner, buf: String::new(), finished: false, recovery }

@@ -96,9 +96,12 @@ impl TemplateBehavior {
         let accepts_missing_tool_call_content =
             render(call_turn(json!(arguments), None)).is_ok() || with_string_arguments.is_err();
 
+        // The call before the result is written the way the template takes arguments, so a
+        // template that only rejects string arguments (Qwen3.5) still shows its own tool role.
+        let probe_arguments = if accepts_string_arguments { json!(arguments) } else { json!({PROBE_ARGUMENT_KEY: 1}) };
         let renders_tool_role = render(vec![
             user("radix-probe-user-1"),
-            assistant_call(json!(arguments), Some("")),
+            assistant_call(probe_arguments, Some("")),
             json!({"role": "tool", "tool_call_id": "call_probe", "content": PROBE_RESULT}),
         ])
         .is_ok_and(|out| out.contains(PROBE_RESULT));

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+mod qwen_xml;
+
 use radix_templates::parse::{OutputFormat, ParseEvent, ParsedMessage, ParserOptions, StreamingParser, ToolCall};
 
 pub const HERMES_MARKERS: &[&str] = &["<think>", "</think>", "<tool_call>", "</tool_call>"];
@@ -9,7 +11,7 @@ pub const LLAMA3_MARKERS: &[&str] = &["<|python_tag|>"];
 
 pub fn markers_of(format: OutputFormat) -> &'static [&'static str] {
     match format {
-        OutputFormat::Hermes => HERMES_MARKERS,
+        OutputFormat::Hermes | OutputFormat::QwenXml => HERMES_MARKERS,
         OutputFormat::Llama3Json => LLAMA3_MARKERS,
         OutputFormat::Plain => &[],
     }
@@ -31,6 +33,10 @@ pub fn hermes() -> ParserOptions {
 
 pub fn llama3() -> ParserOptions {
     opts(OutputFormat::Llama3Json, true, false)
+}
+
+pub fn qwen_xml() -> ParserOptions {
+    opts(OutputFormat::QwenXml, true, false)
 }
 
 /// The expected message; calls get ids `call_0`, `call_1`, ...
@@ -147,13 +153,20 @@ pub struct Fixture {
     pub expected: ParsedMessage,
 }
 
-fn fx(name: &'static str, opts: ParserOptions, text: &'static str, expected: ParsedMessage) -> Fixture {
+pub(crate) fn fx(name: &'static str, opts: ParserOptions, text: &'static str, expected: ParsedMessage) -> Fixture {
     Fixture { name, opts, text, expected }
 }
 
-const WEATHER: &str = r#"{"city": "Paris", "unit": "celsius"}"#;
+pub(crate) const WEATHER: &str = r#"{"city": "Paris", "unit": "celsius"}"#;
 
+/// Every fixture: Hermes, Llama 3 and plain here, Qwen XML in [`qwen_xml`].
 pub fn fixtures() -> Vec<Fixture> {
+    let mut all = base_fixtures();
+    all.extend(qwen_xml::fixtures());
+    all
+}
+
+fn base_fixtures() -> Vec<Fixture> {
     let reasoning = opts(OutputFormat::Hermes, true, true);
     let no_tools = opts(OutputFormat::Hermes, false, false);
     let plain = opts(OutputFormat::Plain, true, true);

@@ -1,0 +1,114 @@
+//! The sparse mixture-of-experts MLP of Qwen3-MoE and Qwen3.5-MoE: a router's softmax over the
+//! experts, each token's top-k (renormalised where the model says so), the chosen experts'
+//! SwiGLU MLPs weighted by their probabilities, and (Qwen3.5-MoE) a shared expert every token
+//! goes through, scaled by a sigmoid gate. Only experts some token chose run, each once over
+//! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once.
+
+use candle_core::{DType, Tensor};
+use candle_nn::ops::sigmoid;
+
+use super::mlp::Mlp;
+use crate::config::{ModelConfig, MoeConfig};
+use crate::error::Result;
+use crate::layers::Linear;
+use crate::weights::{TensorName, Weights};
+
+/// One expert's SwiGLU MLP.
+struct Expert {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A layer's sparse MLP.
+pub(crate) struct SparseMoe {
+    router: Linear,
+    experts: Vec<Expert>,
+    experts_per_token: usize,
+    norm_topk_prob: bool,
+    /// The shared expert and its `[1, hidden]` gate.
+    shared: Option<(Mlp, Linear)>,
+}
+
+impl SparseMoe {
+    /// Loads layer `layer`'s sparse MLP.
+    pub(crate) fn load(config: &ModelConfig, moe: &MoeConfig, layer: usize, w: &mut Weights) -> Result<Self> {
+        let (hidden, inner, n) = (config.hidden_size, moe.expert_intermediate_size, moe.num_experts);
+        let name = |gguf: &str, hf: &str| TensorName::layer(layer, gguf, hf);
+        // Checkpoints name each expert's matrix; GGUF stacks them (random weights seed each
+        // expert by the stacked name and its index).
+        let each = |gguf: &'static str, proj: &'static str| {
+            move |e: usize| TensorName::layer(layer, &format!("{gguf}.{e}"), &format!("mlp.experts.{e}.{proj}"))
+        };
+        let mut experts_of = |gguf: &'static str, proj: &'static str, shape: [usize; 2]| {
+            w.expert_linears(&name(gguf, &format!("mlp.experts.{proj}")), &each(gguf, proj), n, shape)
+        };
+        let gates = experts_of("ffn_gate_exps", "gate_proj", [inner, hidden])?;
+        let ups = experts_of("ffn_up_exps", "up_proj", [inner, hidden])?;
+        let downs = experts_of("ffn_down_exps", "down_proj", [hidden, inner])?;
+        let experts =
+            gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| Expert { gate, up, down }).collect();
+        let shared = match moe.shared_expert_intermediate_size {
+            Some(width) => {
+                let mlp = Mlp::load_named(
+                    layer,
+                    ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"],
+                    "mlp.shared_expert",
+                    hidden,
+                    width,
+                    w,
+                )?;
+                let gate = w.linear(&name("ffn_gate_inp_shexp", "mlp.shared_expert_gate"), [1, hidden], false)?;
+                Some((mlp, gate))
+            }
+            None => None,
+        };
+        Ok(SparseMoe {
+            router: w.linear(&name("ffn_gate_inp", "mlp.gate"), [n, hidden], false)?,
+            experts,
+            experts_per_token: moe.experts_per_token,
+            norm_topk_prob: moe.norm_topk_prob,
+            shared,
+        })
+    }
+
+    /// `[rows, hidden]` to `[rows, hidden]`.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        let probs = candle_nn::ops::softmax_last_dim(&self.router.forward(x)?)?.to_dtype(DType::F32)?;
+        let probs = probs.to_vec2::<f32>()?;
+        // For each expert, the rows routed to it and their weights.
+        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.experts.len()];
+        for (row, p) in probs.iter().enumerate() {
+            let mut order: Vec<usize> = (0..p.len()).collect();
+            // torch.topk: the largest first; equal probabilities keep the lower index first.
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let chosen = &order[..self.experts_per_token];
+            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+            for &e in chosen {
+                let weight = if self.norm_topk_prob { p[e] / total } else { p[e] };
+                routed[e].0.push(row as u32);
+                routed[e].1.push(weight);
+            }
+        }
+        let mut out = Tensor::zeros(x.dims(), DType::F32, x.device())?;
+        for (expert, (ids, weights)) in self.experts.iter().zip(&routed) {
+            if ids.is_empty() {
+                continue;
+            }
+            let ids = Tensor::from_slice(ids, ids.len(), x.device())?;
+            let weights = Tensor::from_slice(weights, (weights.len(), 1), x.device())?;
+            let xs = x.index_select(&ids, 0)?;
+            let [gate, up]: [Tensor; 2] =
+                Linear::forward_shared(&[&expert.gate, &expert.up], &xs)?.try_into().expect("two projections");
+            let y = expert.down.forward(&(gate.silu()? * up)?)?.broadcast_mul(&weights)?;
+            out = out.index_add(&ids, &y, 0)?;
+        }
+        if let Some((mlp, gate)) = &self.shared {
+            let scale = sigmoid(&gate.forward(x)?)?;
+            out = (out + mlp.forward(x)?.broadcast_mul(&scale)?)?;
+        }
+        debug_assert_eq!(out.dim(0)?, rows);
+        Ok(out)
+    }
+}

@@ -1,0 +1,164 @@
+//! The recurrent state of hybrid models, beside the KV pool: for every sequence slot and every
+//! Gated DeltaNet layer, the convolution's last inputs and the delta rule's state matrices, in
+//! f32. Allocated once from a budget and owned by the engine as pages are: a forward pass reads
+//! and writes the slots its batch names ([`crate::SequenceChunk::state_slot`]) and keeps
+//! nothing. A slot can be copied, so a state can be snapshotted and resumed.
+
+use crate::config::{HybridConfig, ModelConfig};
+use crate::error::{ModelError, Result};
+
+/// One Gated DeltaNet layer's state of every slot.
+#[derive(Debug, Clone)]
+pub struct LayerState {
+    /// `[slots, conv_kernel - 1, conv_channels]`: the last inputs of the convolution, oldest
+    /// first.
+    pub(crate) conv: Vec<f32>,
+    /// `[slots, value_heads, key_head_dim, value_head_dim]`: the delta rule's state.
+    pub(crate) ssm: Vec<f32>,
+}
+
+/// Recurrent state slots for a hybrid model.
+#[derive(Debug, Clone)]
+pub struct StatePool {
+    conv_len: usize,
+    ssm_len: usize,
+    num_slots: usize,
+    /// One per Gated DeltaNet layer, in layer order.
+    pub(crate) layers: Vec<LayerState>,
+}
+
+impl StatePool {
+    /// `num_slots` zeroed slots for `config`'s recurrent layers.
+    pub fn new(config: &ModelConfig, num_slots: usize) -> Result<Self> {
+        let hybrid = hybrid_of(config)?;
+        let (conv_len, ssm_len) = (hybrid.conv_state_len(), hybrid.ssm_state_len());
+        let layers = (0..hybrid.num_recurrent_layers())
+            .map(|_| LayerState { conv: vec![0.0; num_slots * conv_len], ssm: vec![0.0; num_slots * ssm_len] })
+            .collect();
+        Ok(StatePool { conv_len, ssm_len, num_slots, layers })
+    }
+
+    /// As many slots as fit in `budget_bytes` (at least one must).
+    pub fn with_budget(config: &ModelConfig, budget_bytes: usize) -> Result<Self> {
+        let per_slot = Self::slot_bytes(config)?;
+        let slots = budget_bytes / per_slot.max(1);
+        if slots == 0 {
+            return Err(ModelError::KvPool(format!(
+                "a state budget of {budget_bytes} bytes holds no sequence's recurrent state of {per_slot} bytes"
+            )));
+        }
+        Self::new(config, slots)
+    }
+
+    /// Bytes of one sequence's state across all recurrent layers.
+    pub fn slot_bytes(config: &ModelConfig) -> Result<usize> {
+        let h = hybrid_of(config)?;
+        Ok(h.num_recurrent_layers() * (h.conv_state_len() + h.ssm_state_len()) * std::mem::size_of::<f32>())
+    }
+
+    /// Slots in the pool.
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
+    }
+
+    /// Copies slot `from`'s state in every layer into slot `to`.
+    pub fn copy_slot(&mut self, from: u32, to: u32) -> Result<()> {
+        self.check(from)?;
+        self.check(to)?;
+        if from == to {
+            return Ok(());
+        }
+        let (from, to) = (from as usize, to as usize);
+        for layer in &mut self.layers {
+            layer.conv.copy_within(from * self.conv_len..(from + 1) * self.conv_len, to * self.conv_len);
+            layer.ssm.copy_within(from * self.ssm_len..(from + 1) * self.ssm_len, to * self.ssm_len);
+        }
+        Ok(())
+    }
+
+    /// Zeroes slot `slot`: the state before a sequence's first token.
+    pub fn clear_slot(&mut self, slot: u32) -> Result<()> {
+        self.check(slot)?;
+        let slot = slot as usize;
+        for layer in &mut self.layers {
+            layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len].fill(0.0);
+            layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len].fill(0.0);
+        }
+        Ok(())
+    }
+
+    /// Slot `slot`'s state in every layer, conv then SSM, layer after layer (for tests and
+    /// snapshots).
+    pub fn read_slot(&self, slot: u32) -> Result<Vec<f32>> {
+        self.check(slot)?;
+        let slot = slot as usize;
+        let mut out = Vec::with_capacity(self.layers.len() * (self.conv_len + self.ssm_len));
+        for layer in &self.layers {
+            out.extend_from_slice(&layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len]);
+            out.extend_from_slice(&layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len]);
+        }
+        Ok(out)
+    }
+
+    /// Whether the pool was made for this many recurrent layers of these sizes.
+    pub(crate) fn fits(&self, hybrid: &HybridConfig) -> bool {
+        self.layers.len() == hybrid.num_recurrent_layers()
+            && self.conv_len == hybrid.conv_state_len()
+            && self.ssm_len == hybrid.ssm_state_len()
+    }
+
+    fn check(&self, slot: u32) -> Result<()> {
+        if (slot as usize) < self.num_slots {
+            Ok(())
+        } else {
+            Err(ModelError::KvPool(format!("state slot {slot} is outside the pool's {} slots", self.num_slots)))
+        }
+    }
+}
+
+fn hybrid_of(config: &ModelConfig) -> Result<&HybridConfig> {
+    config.hybrid.as_ref().ok_or_else(|| {
+        ModelError::KvPool(format!(
+            "a {} model has no recurrent layers and needs no state pool",
+            config.arch.gguf_name()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        ModelConfig::from_hf_json(
+            r#"{"model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96, "vocab_size": 32,
+                "rms_norm_eps": 1e-6, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                "linear_key_head_dim": 8, "linear_value_head_dim": 6, "linear_conv_kernel_dim": 4}"#,
+        )
+        .unwrap()
+    }
+
+    /// Copying a slot copies exactly that slot in every layer; clearing zeroes exactly one.
+    #[test]
+    fn copy_and_clear_touch_exactly_one_slot() {
+        let c = config();
+        let mut pool = StatePool::new(&c, 3).unwrap();
+        assert_eq!(pool.layers.len(), 3, "layers 0-2 recurrent, 3 full attention");
+        for (l, layer) in pool.layers.iter_mut().enumerate() {
+            for (i, v) in layer.conv.iter_mut().chain(layer.ssm.iter_mut()).enumerate() {
+                *v = (l * 100_000 + i) as f32;
+            }
+        }
+        let (s0, s2) = (pool.read_slot(0).unwrap(), pool.read_slot(2).unwrap());
+        pool.copy_slot(0, 1).unwrap();
+        assert_eq!(pool.read_slot(1).unwrap(), s0);
+        assert_eq!(pool.read_slot(2).unwrap(), s2);
+        pool.clear_slot(0).unwrap();
+        assert!(pool.read_slot(0).unwrap().iter().all(|&v| v == 0.0));
+        assert_eq!(pool.read_slot(1).unwrap(), s0);
+        assert!(pool.copy_slot(0, 3).is_err() && pool.clear_slot(3).is_err());
+        let per_layer = (3 * 56 + 4 * 8 * 6) * 4;
+        assert_eq!(StatePool::slot_bytes(&c).unwrap(), 3 * per_layer);
+    }
+}
