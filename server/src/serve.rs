@@ -8,7 +8,7 @@ use anyhow::Context;
 use radix_models::default_model::{FetchProgress, default_model_dir};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{
-    HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, device_name, parse_device, resolve_model,
+    HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, StatePool, device_name, parse_device, resolve_model,
 };
 use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, router};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
@@ -264,6 +264,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("radix-serve: {note}");
     }
     let pool = model.kv_pool_with_budget(page_size, sizing.budget_bytes, KvDType::F16)?;
+    if model.config().hybrid.is_some() {
+        let per_sequence = StatePool::slot_bytes(model.config())?;
+        let sequences = args.parallel.max(1);
+        eprintln!(
+            "radix-serve: recurrent state {:.1} MiB per sequence, {sequences} sequence(s): {:.1} MiB; prefix reuse \
+             is off for this hybrid model until recurrent-state snapshots land (every prompt is prefilled whole)",
+            per_sequence as f64 / (1 << 20) as f64,
+            (per_sequence * sequences) as f64 / (1 << 20) as f64
+        );
+    }
     let device = device_name(model.device());
     let capacity = pool.num_pages() * pool.page_size();
     // A sequence can never be longer than the pool (one page stays spare for the first

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use radix_models::tokenizer::Tokenizer;
-use radix_models::{ForwardBatch, KvPool, Model};
+use radix_models::{ForwardBatch, KvPool, Model, StatePool};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
@@ -62,6 +62,10 @@ pub struct ScheduledStep {
 pub struct EngineCore {
     model: Model,
     pool: KvPool,
+    /// Hybrid models: one recurrent-state slot per running sequence.
+    state: Option<StatePool>,
+    /// State slots no running sequence holds.
+    free_slots: Vec<u32>,
     scheduler: Scheduler,
     cache: PrefixCache,
     postprocess: Postprocess,
@@ -76,11 +80,21 @@ pub struct EngineCore {
 impl EngineCore {
     /// An engine over `model` with the given KV pool; `tokenizer` decodes the output to match
     /// stop strings in it.
+    ///
+    /// A hybrid model (Qwen3.5) gets a recurrent state slot per running sequence, and no
+    /// prefix reuse: a cached prefix's K/V is usable only with the recurrent state at its end,
+    /// which nothing saves yet, so every prompt is prefilled whole.
     pub fn new(model: Model, pool: KvPool, config: EngineConfig, tokenizer: Arc<Tokenizer>) -> Self {
-        let cache = PrefixCache::new(pool.page_size(), pool.num_pages(), config.prefix_cache);
+        let hybrid = model.config().hybrid.is_some();
+        let reuse = config.prefix_cache && !hybrid;
+        let cache = PrefixCache::new(pool.page_size(), pool.num_pages(), reuse);
+        let slots = config.max_running.max(1);
+        let state = hybrid.then(|| model.new_state_pool(slots).expect("a hybrid model's config makes a state pool"));
         EngineCore {
             model,
             pool,
+            free_slots: if hybrid { (0..slots as u32).rev().collect() } else { Vec::new() },
+            state,
             scheduler: Scheduler::new(config.max_running, config.batch_tokens),
             cache,
             postprocess: Postprocess::new(tokenizer, config.max_context),
@@ -166,7 +180,7 @@ impl EngineCore {
         {
             panic!("injected fault: the batch holds token {token}");
         }
-        let logits = match self.model.forward(&batch, &mut self.pool) {
+        let logits = match self.model.forward_with_state(&batch, &mut self.pool, self.state.as_mut()) {
             Ok(logits) => logits,
             Err(e) => {
                 let message = format!("model forward failed: {e}");
@@ -207,6 +221,10 @@ impl EngineCore {
         let page_size = self.cache.page_size();
         for index in self.scheduler.admit(&mut self.cache) {
             let seq = &mut self.scheduler.running_mut()[index];
+            if self.state.is_some() {
+                // The scheduler runs at most as many sequences as there are slots.
+                seq.state_slot = Some(self.free_slots.pop().expect("a state slot for every running sequence"));
+            }
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
             let prompt = &seq.tokens[..seq.prompt_len];
@@ -253,6 +271,9 @@ impl EngineCore {
         }
         self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len, seq.request.tenant);
         self.cache.release(&seq);
+        if let Some(slot) = seq.state_slot.take() {
+            self.free_slots.push(slot);
+        }
     }
 
     /// After a step panicked half-way: fails every running sequence with `message` and starts
@@ -265,6 +286,9 @@ impl EngineCore {
             let _ = seq.events.send(EngineEvent::Failed(message.to_owned()));
         }
         self.cache = self.cache.emptied();
+        if let Some(state) = &self.state {
+            self.free_slots = (0..state.num_slots() as u32).rev().collect();
+        }
     }
 
     /// Drops every cached prefix (nothing may be running).
@@ -283,6 +307,18 @@ impl EngineCore {
     /// Every page is free, in the tree, or private to exactly one running sequence; locks are
     /// zero when nothing runs.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.cache.check_invariants(self.scheduler.running())
+        self.cache.check_invariants(self.scheduler.running())?;
+        if let Some(state) = &self.state {
+            let mut slots: Vec<u32> = self.scheduler.running().iter().filter_map(|s| s.state_slot).collect();
+            if slots.len() != self.scheduler.running().len() {
+                return Err("a running sequence of a hybrid model has no state slot".into());
+            }
+            slots.extend(&self.free_slots);
+            slots.sort_unstable();
+            if slots != (0..state.num_slots() as u32).collect::<Vec<_>>() {
+                return Err(format!("state slots are not each held once: {slots:?}"));
+            }
+        }
+        Ok(())
     }
 }

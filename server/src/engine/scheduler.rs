@@ -164,7 +164,7 @@ impl Scheduler {
             let seq = &self.running[index];
             let end = seq.tokens.len().min(seq.computed + budget);
             let wants_logits = end == seq.tokens.len();
-            batch.push(&seq.tokens[seq.computed..end], end, seq.pages.clone(), wants_logits);
+            batch.push_with_state(&seq.tokens[seq.computed..end], end, seq.pages.clone(), wants_logits, seq.state_slot);
             budget -= end - seq.computed;
             members.push(Member { index, end, wants_logits });
         }

@@ -21,6 +21,8 @@ pub(crate) struct Sequence {
     pub(crate) pages: Vec<u32>,
     /// The locked tree node of the matched prefix.
     pub(crate) node: Option<NodeId>,
+    /// Hybrid models: the state pool slot holding its recurrent state while it runs.
+    pub(crate) state_slot: Option<u32>,
     pub(crate) cached_tokens: usize,
     pub(crate) sampler: Sampler,
     /// The generated text, with stop strings matched in it.
@@ -58,6 +60,7 @@ impl Sequence {
             computed: 0,
             pages: Vec::new(),
             node: None,
+            state_slot: None,
             cached_tokens: 0,
             sampler,
             text,
