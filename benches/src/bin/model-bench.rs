@@ -32,7 +32,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use radix_kernels::half::f16;
 use radix_kernels::{PagedLayout, SequenceAttention, paged_attention, write_kv};
-use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
+use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model, StatePool};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -92,13 +92,22 @@ fn tokens(n: usize, offset: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((offset + i) * 7919 % vocab) as u32).collect()
 }
 
-/// Runs one forward of `new` tokens ending at context `context_len`.
-fn forward(model: &Model, pool: &mut KvPool, pages: &[u32], new: &[u32], context_len: usize) -> Result<f64> {
+/// Runs one forward of `new` tokens ending at context `context_len`; a hybrid model's
+/// recurrent state is slot 0 of `state` (a forward from position 0 starts it afresh; the
+/// repeated decode runs at one depth continue a state that ran ahead, which costs the same).
+fn forward(
+    model: &Model,
+    pool: &mut KvPool,
+    state: &mut Option<StatePool>,
+    pages: &[u32],
+    new: &[u32],
+    context_len: usize,
+) -> Result<f64> {
     let mut batch = ForwardBatch::default();
     let need = context_len.div_ceil(pool.page_size());
-    batch.push(new, context_len, pages[..need].to_vec(), true);
+    batch.push_with_state(new, context_len, pages[..need].to_vec(), true, state.as_ref().map(|_| 0));
     let t = Instant::now();
-    let logits = model.forward(&batch, pool)?;
+    let logits = model.forward_with_state(&batch, pool, state.as_mut())?;
     let dt = t.elapsed().as_secs_f64();
     anyhow::ensure!(logits.dims()[0] == 1, "expected one row of logits, got {:?}", logits.dims());
     Ok(dt)
@@ -184,6 +193,7 @@ fn main() -> Result<()> {
             pool.copy_page(0, p, a.page_size)?;
         }
     }
+    let mut state = c.hybrid.is_some().then(|| model.new_state_pool(1)).transpose()?;
     let rss_pool = status_kib("VmRSS:").unwrap_or(0);
     let pages: Vec<u32> = (0..pool.num_pages() as u32).collect();
     let vocab = c.vocab_size;
@@ -197,20 +207,21 @@ fn main() -> Result<()> {
             num_pages: need_pages,
         },
         heads: c.num_heads,
-        layers: c.num_layers,
+        layers: c.num_kv_layers(),
         k: vec![f16::ZERO; need_pages * a.page_size * c.num_kv_heads * c.head_dim],
         v: vec![f16::ZERO; need_pages * a.page_size * c.num_kv_heads * c.head_dim],
     });
 
     // Warm-up: one small prefill and one decode step.
-    forward(&model, &mut pool, &pages, &tokens(16, 0, vocab), 16)?;
-    forward(&model, &mut pool, &pages, &tokens(1, 16, vocab), 17)?;
+    forward(&model, &mut pool, &mut state, &pages, &tokens(16, 0, vocab), 16)?;
+    forward(&model, &mut pool, &mut state, &pages, &tokens(1, 16, vocab), 17)?;
 
     let rss_warm = status_kib("VmRSS:").unwrap_or(0);
     let mut results = Vec::new();
     for &n in a.pp.iter().filter(|&&n| n > 0) {
-        let times: Vec<f64> =
-            (0..a.reps).map(|r| forward(&model, &mut pool, &pages, &tokens(n, r, vocab), n)).collect::<Result<_>>()?;
+        let times: Vec<f64> = (0..a.reps)
+            .map(|r| forward(&model, &mut pool, &mut state, &pages, &tokens(n, r, vocab), n))
+            .collect::<Result<_>>()?;
         let s = median(times);
         let attn = probe.as_mut().map(|p| median((0..a.reps).map(|_| p.time(n, n)).collect()));
         eprintln!("model-bench: pp{n}: {:.2} tok/s", n as f64 / s);
@@ -219,12 +230,13 @@ fn main() -> Result<()> {
             "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
     }
     for &ctx in a.tg_ctx.iter().filter(|&&c| c > 0) {
-        forward(&model, &mut pool, &pages, &tokens(ctx, 1000, vocab), ctx)?;
+        forward(&model, &mut pool, &mut state, &pages, &tokens(ctx, 1000, vocab), ctx)?;
         let mut times = Vec::new();
         for r in 0..a.reps {
             let mut total = 0.0;
             for i in 0..a.tg_tokens {
-                total += forward(&model, &mut pool, &pages, &tokens(1, 5000 + r * 100 + i, vocab), ctx + i + 1)?;
+                total +=
+                    forward(&model, &mut pool, &mut state, &pages, &tokens(1, 5000 + r * 100 + i, vocab), ctx + i + 1)?;
             }
             times.push(total);
         }
