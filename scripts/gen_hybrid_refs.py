@@ -19,14 +19,17 @@ Usage (from the repository root):
 
 Shapes (all float32, vocab 128, hidden 64, rms eps 1e-6, tied embeddings):
   qwen3moe   2 layers, 4 query / 2 KV heads of head_dim 32, q/k norms, every layer sparse:
-             8 experts, top-2, expert width 32, norm_topk_prob true.
-  qwen35     8 layers, full attention every 4th (layers 3 and 7), the others Gated DeltaNet.
+             4 experts, top-2, expert width 32, norm_topk_prob true.
+  qwen35     4 layers: Gated DeltaNet, full attention, Gated DeltaNet, full attention (two KV
+             layers, and `layer_types` that `full_attention_interval` cannot express: the
+             converter writes the interval 4 anyway and the layer list beside it, which the
+             reader must prefer).
              Full attention: 4 query / 2 KV heads of head_dim 32, output gate, partial rotary
              0.25 (8 of 32 dims), mrope sections [2, 1, 1] (text: 1-D positions).
              Linear: 2 key heads of dim 16, 4 value heads of dim 24 (so V heads are reordered
              in GGUF and key and value widths differ), conv kernel 4. Dense MLP width 96.
-  qwen35moe  4 of qwen35's layers (full attention in layer 3) with a sparse MLP: 8 experts, top-2, expert width 32, a shared
-             expert of width 48 with its sigmoid gate.
+  qwen35moe  4 layers, full attention in layer 3 as in the real models, with a sparse MLP:
+             4 experts, top-2, expert width 32, a shared expert of width 48 with its gate.
 Every parameter is re-initialised (seeded): matrices normal(0, 0.1); Qwen3.5's zero-centred
 norms normal(0, 0.2) (they scale by 1 + w); other norms 1 + normal(0, 0.2); A_log
 log(uniform(0.5, 4)); dt_bias normal(0, 0.5); the conv kernel normal(0, 0.3).
@@ -81,10 +84,10 @@ COMMON = dict(
     head_dim=32,
 )
 
-def hybrid(layers):
+def hybrid(layers, interval):
     return dict(
         num_hidden_layers=layers,
-        layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)],
+        layer_types=["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)],
         **HYBRID,
     )
 
@@ -116,7 +119,7 @@ ARCHS = {
             num_hidden_layers=2,
             intermediate_size=96,
             moe_intermediate_size=32,
-            num_experts=8,
+            num_experts=4,
             num_experts_per_tok=2,
             norm_topk_prob=True,
             decoder_sparse_step=1,
@@ -131,7 +134,7 @@ ARCHS = {
         # The recurrence itself amplifies a nudge 600-3000-fold on these random weights (every
         # draw of 50 moved by 6e-5 to 5e-4), so the limit only excludes the worst draws.
         conditioning_limit=1e-4,
-        kwargs=dict(intermediate_size=96, **hybrid(8)),
+        kwargs=dict(intermediate_size=96, **hybrid(4, 2)),
     ),
     "qwen35moe": dict(
         config="Qwen3_5MoeTextConfig",
@@ -141,9 +144,9 @@ ARCHS = {
         kwargs=dict(
             moe_intermediate_size=32,
             shared_expert_intermediate_size=48,
-            num_experts=8,
+            num_experts=4,
             num_experts_per_tok=2,
-            **hybrid(4),
+            **hybrid(4, 4),
         ),
     ),
 }

@@ -6,7 +6,7 @@
 #
 #   .gpu/bin.tar.xz         radix-serve, device-bench, cache-bench, and the test binaries
 #                           cuda_attention, model_parity, device_parity
-#   .gpu/smollm2.part0      the first 48 MB of the SmolLM2 GGUF (carry .gpu in call 1)
+#   .gpu/smollm2.part0      the first 43 MB of the SmolLM2 GGUF (carry .gpu in call 1)
 #   .gpu-model/smollm2.part1  the rest                          (carry in call 2)
 #   .gpu/smollm2.sha256     the whole file's sha256
 #
@@ -41,8 +41,9 @@ mkdir -p .gpu .gpu-model
 tar -cf - -C "$stage" . | xz -T2 -6 --lzma2=preset=6,dict=192MiB >.gpu/bin.tar.xz
 model=$(scripts/assets.sh path smollm2)
 sha256sum "$model" | cut -d' ' -f1 >.gpu/smollm2.sha256
-# Call 1 carries the tree (~4 MB), the binaries (~12 MB) and part 0; call 2 the tree and part 1.
-first=48000000
+# Call 1 carries the tree (~11.5 MB with the hybrid fixtures), the binaries (~12 MB) and part 0;
+# call 2 the tree and part 1: each within the device tool's 64 MiB.
+first=43000000
 head -c "$first" "$model" >.gpu/smollm2.part0
 tail -c +"$((first + 1))" "$model" >.gpu-model/smollm2.part1
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude

@@ -17,12 +17,12 @@ use serde_json::Value as Json;
 const F32_TOLERANCE: f32 = 1e-4;
 /// A Q8_0 file with 8-bit activations in the matmuls (as llama.cpp runs it), against the same
 /// reference: the median over every checked position. Not each position: these random models
-/// are chaotic (a 1e-7 nudge of the weights moves the hybrids' logits by 5e-5 to 1e-4, see
-/// scripts/gen_hybrid_refs.py), so 8-bit rounding of activations (~0.4%) sends some late
-/// positions far off (worst 30-130%), as it would in llama.cpp; the layout itself is pinned by
-/// the dequantized run at `F32_TOLERANCE`. Measured medians: qwen35 0.20, qwen35moe 0.097,
-/// qwen3moe 0.019.
-const Q8_MEDIAN_TOLERANCE: f32 = 0.3;
+/// are sensitive (a 1e-7 nudge of the hybrids' weights moves their logits by 2e-5 to 3e-5,
+/// see scripts/gen_hybrid_refs.py) and the recurrent state carries every rounding forward, so
+/// 8-bit rounding of activations (~0.4%) sends some late positions far off (worst 22-62%), as
+/// it would in llama.cpp; the layout itself is pinned by the dequantized run at
+/// `F32_TOLERANCE`. Measured medians: qwen35 0.044, qwen35moe 0.084, qwen3moe 0.013.
+const Q8_MEDIAN_TOLERANCE: f32 = 0.2;
 
 fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch)
