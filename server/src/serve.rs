@@ -228,15 +228,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for note in model.load_notes() {
         eprintln!("radix-serve: {note}");
     }
-    let (tokenizer, source) = match &files {
-        ModelFiles::Gguf(path) => (Tokenizer::from_gguf_file(path)?, TemplateSource::from_gguf(path)?),
-        ModelFiles::Directory(dir) => (Tokenizer::from_model_dir(dir)?, TemplateSource::from_model_dir(dir)?),
+    let tokenizer = match &files {
+        ModelFiles::Gguf(path) => Tokenizer::from_gguf_file(path)?,
+        ModelFiles::Directory(dir) => Tokenizer::from_model_dir(dir)?,
     };
     let source = match &args.chat_template_file {
-        Some(file) => {
-            TemplateSource { special_tokens: source.special_tokens, ..TemplateSource::from_jinja_file(file)? }
-        }
-        None => source,
+        // The model's own files need no template then, only their special tokens.
+        Some(file) => TemplateSource {
+            special_tokens: TemplateSource::special_tokens_of(files.path())?,
+            ..TemplateSource::from_jinja_file(file)?
+        },
+        None => match &files {
+            ModelFiles::Gguf(path) => TemplateSource::from_gguf(path)?,
+            ModelFiles::Directory(dir) => TemplateSource::from_model_dir(dir)?,
+        },
     };
     let format = ModelFormat::from_source(&source);
     let template = PreparedTemplate::new(ChatTemplate::new(source)?);

@@ -86,6 +86,11 @@ impl ModelFormat {
             && prompt_text.trim_end().ends_with(THINK_OPEN)
     }
 
+    /// The marker that closes reasoning ([`starts_in_reasoning`](Self::starts_in_reasoning)).
+    pub fn reasoning_close(&self) -> &'static str {
+        THINK_CLOSE
+    }
+
     /// The format of a reply whose tools we described in the system prompt (the template shows
     /// none): the description asks for Hermes calls, whatever the family would otherwise write.
     pub fn with_described_tools(&self) -> ModelFormat {

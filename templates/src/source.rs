@@ -95,19 +95,21 @@ impl TemplateSource {
         let Some(GgufValue::String(text)) = metadata.get("tokenizer.chat_template") else {
             return Err(TemplateError::NoTemplate { path: path.to_owned() });
         };
-        let mut special_tokens = BTreeMap::new();
-        if let Some(GgufValue::StringArray(tokens)) = metadata.get("tokenizer.ggml.tokens") {
-            for (attribute, key) in
-                [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")]
-            {
-                if let Some(GgufValue::Int(id)) = metadata.get(key)
-                    && let Some(token) = usize::try_from(*id).ok().and_then(|i| tokens.get(i))
-                {
-                    special_tokens.insert(attribute.to_owned(), token.clone());
-                }
-            }
+        Ok(Self::single(text.clone(), gguf_special_tokens(&metadata), path))
+    }
+
+    /// The special tokens a model's own files name (BOS and EOS of a GGUF file, the
+    /// `tokenizer_config.json` of a directory), for a template given separately to a model
+    /// whose files carry none.
+    pub fn special_tokens_of(model: &Path) -> Result<BTreeMap<String, String>, TemplateError> {
+        if model.is_dir() {
+            let config_path = model.join("tokenizer_config.json");
+            return match config_path.is_file() {
+                true => Ok(special_tokens_from_config(&read_json(&config_path)?)),
+                false => Ok(BTreeMap::new()),
+            };
         }
-        Ok(Self::single(text.clone(), special_tokens, path))
+        Ok(gguf_special_tokens(&read_gguf_metadata(model)?))
     }
 
     fn single(text: String, special_tokens: BTreeMap<String, String>, origin: &Path) -> Self {
@@ -162,4 +164,21 @@ fn special_tokens_from_config(config: &Json) -> BTreeMap<String, String> {
         }
     }
     tokens
+}
+
+/// BOS and EOS of a GGUF file's token list, as transformers' `special_tokens_map` names them.
+fn gguf_special_tokens(metadata: &crate::gguf::GgufMetadata) -> BTreeMap<String, String> {
+    let mut special_tokens = BTreeMap::new();
+    if let Some(GgufValue::StringArray(tokens)) = metadata.get("tokenizer.ggml.tokens") {
+        for (attribute, key) in
+            [("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")]
+        {
+            if let Some(GgufValue::Int(id)) = metadata.get(key)
+                && let Some(token) = usize::try_from(*id).ok().and_then(|i| tokens.get(i))
+            {
+                special_tokens.insert(attribute.to_owned(), token.clone());
+            }
+        }
+    }
+    special_tokens
 }

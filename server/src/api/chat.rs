@@ -81,7 +81,8 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         tools_enabled,
         declared_tools(&fields),
     );
-    let constraint = super::constrain::chat_constraint(&fields, format.output, &state.tokenizer)?;
+    let reasoning_close = format.starts_in_reasoning(&rendered.text).then(|| format.reasoning_close());
+    let constraint = super::constrain::chat_constraint(&fields, format.output, reasoning_close, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
     let mut cache = super::cache_report::CacheContext::new(
         &state.template,

@@ -248,13 +248,22 @@ fn grammar(fields: &ChatCompletionRequest, format: OutputFormat) -> Result<Optio
 }
 
 /// The constraint a chat request asks for (HTTP 400 for a malformed field or a schema the
-/// grammar engine rejects), or `None` when the reply is free text.
+/// grammar engine rejects), or `None` when the reply is free text. `reasoning_close`: the
+/// marker that ends the reasoning the prompt left open (Qwen3/3.5's `<think>`), if it did.
 pub(super) fn chat_constraint(
     fields: &ChatCompletionRequest,
     format: OutputFormat,
+    reasoning_close: Option<&str>,
     tokenizer: &Arc<Tokenizer>,
 ) -> Result<Option<Constraint>, ApiError> {
-    let Some((grammar, lazy)) = grammar(fields, format)? else { return Ok(None) };
+    let Some((mut grammar, lazy)) = grammar(fields, format)? else { return Ok(None) };
+    if let (Some(close), false) = (reasoning_close, lazy) {
+        // A forced call or JSON reply to a prompt that opened reasoning: close the (empty)
+        // reasoning first, as the template does without thinking, so the answer is content and
+        // not text inside the reasoning. (A lazy grammar only starts at a call's opening.)
+        let close = Json::from(format!("{close}\n\n")).to_string();
+        grammar = format!("start: {close} answer\n{}", grammar.replacen("start:", "answer:", 1));
+    }
     let factory = ConstraintFactory::shared(tokenizer).map_err(ApiError::internal)?;
     let constraint = factory
         .lark(&grammar)

@@ -36,7 +36,7 @@ fn chat_constraint(
     format: OutputFormat,
     tokenizer: &Arc<Tokenizer>,
 ) -> Result<Option<Constraint>, ApiError> {
-    super::chat_constraint(&typed(body)?, format, tokenizer)
+    super::chat_constraint(&typed(body)?, format, None, tokenizer)
 }
 
 fn status(result: Result<Option<String>, ApiError>) -> u16 {
@@ -276,4 +276,36 @@ fn tool_arguments_allow_only_declared_keys_unless_the_schema_says_otherwise() {
     assert_eq!(closed["properties"]["place"]["additionalProperties"], json!(false));
     assert_eq!(closed["properties"]["tags"]["items"]["additionalProperties"], json!(false));
     assert_eq!(closed["properties"]["extra"]["additionalProperties"], json!(true), "an explicit choice stays");
+}
+
+/// A forced call after a prompt that left reasoning open (Qwen3/3.5's `<think>`) closes the
+/// reasoning first: the walk writes `</think>` and then a call the parser, starting inside
+/// reasoning as it does for such a prompt, returns as a call (not as reasoning text).
+#[test]
+fn a_forced_call_after_open_reasoning_closes_it_first() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [weather()], "tool_choice": "required"});
+    for seed in 0..3 {
+        let constraint =
+            super::chat_constraint(&typed(&body).unwrap(), OutputFormat::Hermes, Some("</think>"), &tokenizer)
+                .unwrap()
+                .unwrap();
+        let walked = walk(constraint, &tokenizer, 1.0, seed);
+        assert!(walked.ended && walked.text.starts_with("</think>\n\n"), "seed {seed}: {:?}", walked.text);
+        let mut parser = StreamingParser::new(ParserOptions {
+            format: OutputFormat::Hermes,
+            starts_in_reasoning: true,
+            tool_call_id_prefix: "call_".into(),
+            tools_enabled: true,
+            declared_tools: Vec::new(),
+        });
+        let mut events = parser.push(&walked.text);
+        events.extend(parser.finish());
+        let calls = events.iter().filter(|e| format!("{e:?}").contains("get_weather")).count();
+        assert!(calls > 0, "seed {seed}: no call in {events:?}");
+    }
+    // Lazy grammars (tool_choice auto) are left alone: they start at a call's opening.
+    let auto = json!({"tools": [weather()]});
+    let lazy = super::chat_constraint(&typed(&auto).unwrap(), OutputFormat::Hermes, Some("</think>"), &tokenizer);
+    assert!(lazy.unwrap().is_some());
 }
