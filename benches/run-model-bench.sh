@@ -9,7 +9,9 @@
 #   REPS=3         repetitions of each figure (each tool reports its median/mean over them)
 #   ROUNDS=1       run ours and llama.cpp alternately this many times; the best round counts
 #                  (on a shared machine the best round is the one least disturbed)
-#   MODELS="smollm2 qwen3"   which models (also: qwen-coder, the server's default model)
+#   MODELS="smollm2 qwen3"   which models (also: qwen-coder, the server's default model;
+#                  qwen35, Qwen3.5-0.8B-shaped; qwen3moe, Qwen3-30B-A3B-shaped with 2 layers)
+#   PP=512,2048    prompt sizes (e.g. 512,2048,8192 for the cold 8k prefill)
 #   BENCH=1        the comparison (0: skip it, e.g. to profile alone)
 #   PROFILE=1      perf profile of our pp512 and tg32@d512 on the Qwen3-shaped model (0: skip)
 #   BUSY=0         1: also our decode at depth 512 idle and with one core made busy by another
@@ -32,6 +34,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-3}"
 ROUNDS="${ROUNDS:-1}"
 MODELS="${MODELS:-smollm2 qwen3}"
+PP="${PP:-512,2048}"
 PROFILE="${PROFILE:-1}"
 BENCH="${BENCH:-1}"
 BUSY="${BUSY:-0}"
@@ -57,11 +60,11 @@ for m in $MODELS; do
   f=$(model_path "$m")
   for r in $(seq 1 "$ROUNDS"); do
     log "$m round $r: ours"
-    "$ours" --model "$f" --threads "$THREADS" --pp 512,2048 --tg-ctx 512,2048 --tg-tokens 32 \
+    "$ours" --model "$f" --threads "$THREADS" --pp "$PP" --tg-ctx 512,2048 --tg-tokens 32 \
       --reps "$REPS" --kv-budget-mib 256 --touch-kv --attention --json \
       >"$OUT/ours-$m-$r.json" 2>"$OUT/ours-$m-$r.log"
     log "$m round $r: llama.cpp"
-    "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p 512,2048 -n 0 -r "$REPS" -o json \
+    "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p "$PP" -n 0 -r "$REPS" -o json \
       >"$OUT/llama-pp-$m-$r.json" 2>"$OUT/llama-pp-$m-$r.log"
     "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p 0 -n 32 -d 512,2048 -r "$REPS" -o json \
       >"$OUT/llama-tg-$m-$r.json" 2>"$OUT/llama-tg-$m-$r.log"
@@ -71,7 +74,9 @@ done
 [ "$BENCH" = 1 ] && python3 - "$OUT" "$ROUNDS" $MODELS >"$OUT/table.md" <<'EOF'
 import json, sys, os
 out, rounds, models = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-names = {"smollm2": "SmolLM2-135M Q4_1", "qwen3": "Qwen3-0.6B-shaped Q4_K_M"}
+names = {"smollm2": "SmolLM2-135M Q4_1", "qwen3": "Qwen3-0.6B-shaped Q4_K_M",
+         "qwen-coder": "Qwen2.5-Coder-0.5B Q4_K_M", "qwen35": "Qwen3.5-0.8B-shaped Q4_K_M",
+         "qwen3moe": "Qwen3-30B-A3B-shaped (2 layers) Q4_K_M"}
 o0 = json.load(open(f"{out}/ours-{models[0]}-1.json"))
 print(f"ours: {o0['threads']} model threads, CANDLE_NUM_THREADS={o0.get('candle_num_threads')}; "
       f"llama.cpp: -t {o0['threads']}; best of {rounds} round(s)\n")

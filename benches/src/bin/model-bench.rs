@@ -13,7 +13,8 @@
 //! - `tg @ C`: C prompt tokens are prefilled (untimed), then `--tg-tokens` decode steps of one
 //!   token each (logits wanted) are timed; tokens/s = steps / time. Like `llama-bench -n 32 -d C`.
 //!   Each repetition decodes at positions C.. again, over the same prefilled prefix.
-//! - Each figure is the median of `--reps` runs, after one untimed warm-up forward.
+//! - Each figure is the median of `--reps` runs, after an untimed warm-up (a prefill of the first
+//!   `--pp` size and a decode step, as llama-bench warms up).
 //! - The KV pool is `--kv-budget-mib` of `--kv-dtype`, pages of 16 tokens, as the server
 //!   allocates it; if it cannot hold the longest context asked for, it is grown to fit (said on
 //!   stderr). `--touch-kv` writes every page once, so the whole budget is resident, as in a
@@ -212,9 +213,12 @@ fn main() -> Result<()> {
         v: vec![f16::ZERO; need_pages * a.page_size * c.num_kv_heads * c.head_dim],
     });
 
-    // Warm-up: one small prefill and one decode step.
-    forward(&model, &mut pool, &mut state, &pages, &tokens(16, 0, vocab), 16)?;
-    forward(&model, &mut pool, &mut state, &pages, &tokens(1, 16, vocab), 17)?;
+    // Warm-up, as llama-bench warms up: a prefill of the first prompt size (which also makes
+    // candle repack every matrix a prefill touches, a MoE model's experts included, once) and a
+    // decode step.
+    let warm = a.pp.iter().copied().find(|&n| n > 0).unwrap_or(16).min(longest);
+    forward(&model, &mut pool, &mut state, &pages, &tokens(warm, 0, vocab), warm)?;
+    forward(&model, &mut pool, &mut state, &pages, &tokens(1, warm, vocab), warm + 1)?;
 
     let rss_warm = status_kib("VmRSS:").unwrap_or(0);
     let mut results = Vec::new();

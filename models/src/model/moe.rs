@@ -91,24 +91,45 @@ impl SparseMoe {
                 routed[e].1.push(weight);
             }
         }
-        let mut out = Tensor::zeros(x.dims(), DType::F32, x.device())?;
+        // Each row's weighted sum of its experts' outputs, added up in host memory on the CPU
+        // (an `index_add` per expert would copy the whole output each time).
+        let hidden = x.dim(1)?;
+        let on_host = x.device().is_cpu();
+        let mut host = if on_host { vec![0.0f32; rows * hidden] } else { Vec::new() };
+        let mut out = if on_host { None } else { Some(Tensor::zeros(x.dims(), DType::F32, x.device())?) };
         for (expert, (ids, weights)) in self.experts.iter().zip(&routed) {
             if ids.is_empty() {
                 continue;
             }
-            let ids = Tensor::from_slice(ids, ids.len(), x.device())?;
-            let weights = Tensor::from_slice(weights, (weights.len(), 1), x.device())?;
-            let xs = x.index_select(&ids, 0)?;
+            let id_tensor = Tensor::from_slice(ids, ids.len(), x.device())?;
+            let xs = x.index_select(&id_tensor, 0)?;
             let [gate, up]: [Tensor; 2] =
                 Linear::forward_shared(&[&expert.gate, &expert.up], &xs)?.try_into().expect("two projections");
-            let y = expert.down.forward(&(gate.silu()? * up)?)?.broadcast_mul(&weights)?;
-            out = out.index_add(&ids, &y, 0)?;
+            let y = expert.down.forward(&(gate.silu()? * up)?)?;
+            match &mut out {
+                None => {
+                    let y = y.flatten_all()?.to_vec1::<f32>()?;
+                    for ((&row, &w), y) in ids.iter().zip(weights).zip(y.chunks_exact(hidden)) {
+                        let acc = &mut host[row as usize * hidden..(row as usize + 1) * hidden];
+                        for (a, &v) in acc.iter_mut().zip(y) {
+                            *a += w * v;
+                        }
+                    }
+                }
+                Some(out) => {
+                    let weights = Tensor::from_slice(weights, (weights.len(), 1), x.device())?;
+                    *out = out.index_add(&id_tensor, &y.broadcast_mul(&weights)?, 0)?;
+                }
+            }
         }
+        let mut out = match out {
+            Some(out) => out,
+            None => Tensor::from_vec(host, (rows, hidden), x.device())?,
+        };
         if let Some((mlp, gate)) = &self.shared {
             let scale = sigmoid(&gate.forward(x)?)?;
             out = (out + mlp.forward(x)?.broadcast_mul(&scale)?)?;
         }
-        debug_assert_eq!(out.dim(0)?, rows);
         Ok(out)
     }
 }
