@@ -60,6 +60,9 @@ impl DeltaNetShape {
     }
 }
 
+/// Value columns of the state swept together: one AVX-512 register of f32.
+const COLUMNS: usize = 16;
+
 fn check_len(what: &'static str, actual: usize, expected: usize) -> Result<(), KernelError> {
     if actual == expected { Ok(()) } else { Err(KernelError::LengthMismatch { what, expected, actual }) }
 }
@@ -97,14 +100,13 @@ pub fn causal_conv1d_silu(
             &x[(time - history) * channels..(time - history + 1) * channels]
         }
     };
+    // Tap-major weights, so each tap's product runs along contiguous channels.
+    let taps: Vec<f32> = (0..kernel).flat_map(|tap| (0..channels).map(move |c| weight[c * kernel + tap])).collect();
     for t in 0..rows {
         let o = &mut out[t * channels..(t + 1) * channels];
         o.fill(0.0);
         for tap in 0..kernel {
-            let row = input(t, tap);
-            for (c, (o, &v)) in o.iter_mut().zip(row).enumerate() {
-                *o += weight[c * kernel + tap] * v;
-            }
+            multiply_add(o, &taps[tap * channels..(tap + 1) * channels], input(t, tap));
         }
         for v in o.iter_mut() {
             *v = silu(*v);
@@ -117,6 +119,144 @@ pub fn causal_conv1d_silu(
     }
     state.copy_from_slice(&next);
     Ok(())
+}
+
+/// `out += a * b`, elementwise, vectorized for the CPU at hand.
+fn multiply_add(out: &mut [f32], a: &[f32], b: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx512f() {
+            // SAFETY: the CPU has AVX-512F, the only feature the function enables.
+            return unsafe { multiply_add_avx512(out, a, b) };
+        }
+        if crate::cpu::has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA, the only features the function enables.
+            return unsafe { multiply_add_avx2(out, a, b) };
+        }
+    }
+    multiply_add_portable(out, a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn multiply_add_avx512(out: &mut [f32], a: &[f32], b: &[f32]) {
+    multiply_add_portable(out, a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn multiply_add_avx2(out: &mut [f32], a: &[f32], b: &[f32]) {
+    multiply_add_portable(out, a, b)
+}
+
+#[inline(always)]
+fn multiply_add_portable(out: &mut [f32], a: &[f32], b: &[f32]) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o += x * y;
+    }
+}
+
+/// The inputs of [`gated_delta_rule`], checked, for one head's sweep.
+struct RuleInputs<'a> {
+    shape: DeltaNetShape,
+    rows: usize,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+}
+
+/// One value head through every token: its state `s` (`[key_dim, value_dim]`) updated in
+/// place, its outputs written to `out` (`[rows, value_dim]`). The loops are written so the
+/// compiler vectorizes them; compiled again with AVX-512 or AVX2 + FMA where the CPU has them
+/// (the default x86-64 target has neither, and SSE2 ran this at a tenth of the speed).
+fn sweep_head(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::cpu::has_avx512f() {
+            // SAFETY: the CPU has AVX-512F, the only feature the function enables.
+            return unsafe { sweep_head_avx512(inputs, h, s, out) };
+        }
+        if crate::cpu::has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA, the only features the function enables.
+            return unsafe { sweep_head_avx2(inputs, h, s, out) };
+        }
+    }
+    sweep_head_portable(inputs, h, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sweep_head_avx512(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
+    sweep_head_portable(inputs, h, s, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sweep_head_avx2(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
+    sweep_head_portable(inputs, h, s, out)
+}
+
+#[inline(always)]
+fn sweep_head_portable(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [f32]) {
+    let RuleInputs { shape, rows, q, k, v, g, beta } = *inputs;
+    let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = shape;
+    let kh = shape.key_head_of(h);
+    // Each value column's recurrence reads and writes only that column of the state, so the
+    // state is swept a block of columns at a time through every token: the block's rows
+    // (key_dim lines of 64 bytes, 8 KiB for 128 keys) stay in L1, where sweeping the whole
+    // 64 KiB state twice per token ran from L2. The arithmetic per column, and its order, is
+    // the same either way.
+    for j0 in (0..value_dim).step_by(COLUMNS) {
+        let width = COLUMNS.min(value_dim - j0);
+        for t in 0..rows {
+            let qt = &q[(t * num_key_heads + kh) * key_dim..][..key_dim];
+            let kt = &k[(t * num_key_heads + kh) * key_dim..][..key_dim];
+            let vt = &v[(t * num_value_heads + h) * value_dim + j0..][..width];
+            let decay = g[t * num_value_heads + h].exp();
+            let b = beta[t * num_value_heads + h];
+            let mut delta = [0.0f32; COLUMNS];
+            let mut o = [0.0f32; COLUMNS];
+            if width == COLUMNS {
+                // delta = beta (v - (decay S)^T k); then S = decay S + k delta^T, out = S^T q.
+                for (i, &ki) in kt.iter().enumerate() {
+                    let row: &[f32; COLUMNS] = s[i * value_dim + j0..][..COLUMNS].try_into().expect("a full block");
+                    for c in 0..COLUMNS {
+                        delta[c] += ki * row[c];
+                    }
+                }
+                for c in 0..COLUMNS {
+                    delta[c] = (vt[c] - decay * delta[c]) * b;
+                }
+                for (i, (&ki, &qi)) in kt.iter().zip(qt).enumerate() {
+                    let row: &mut [f32; COLUMNS] =
+                        (&mut s[i * value_dim + j0..][..COLUMNS]).try_into().expect("a full block");
+                    for c in 0..COLUMNS {
+                        row[c] = decay * row[c] + ki * delta[c];
+                        o[c] += qi * row[c];
+                    }
+                }
+            } else {
+                for (i, &ki) in kt.iter().enumerate() {
+                    for (d, &sij) in delta.iter_mut().zip(&s[i * value_dim + j0..][..width]) {
+                        *d += ki * sij;
+                    }
+                }
+                for (d, &vj) in delta.iter_mut().zip(vt) {
+                    *d = (vj - decay * *d) * b;
+                }
+                for (i, (&ki, &qi)) in kt.iter().zip(qt).enumerate() {
+                    let row = &mut s[i * value_dim + j0..][..width];
+                    for ((sij, &d), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+                        *sij = decay * *sij + ki * d;
+                        *oj += qi * *sij;
+                    }
+                }
+            }
+            out[t * value_dim + j0..][..width].copy_from_slice(&o[..width]);
+        }
+    }
 }
 
 fn silu(x: f32) -> f32 {
@@ -153,40 +293,13 @@ pub fn gated_delta_rule(
     check_len("value", v.len(), rows * num_value_heads * value_dim)?;
     check_len("output", out.len(), rows * num_value_heads * value_dim)?;
     check_len("state", state.len(), shape.state_len())?;
+    let inputs = RuleInputs { shape: *shape, rows, q, k, v, g, beta };
     let head_outputs: Vec<Vec<f32>> = state
         .par_chunks_exact_mut(key_dim * value_dim)
         .enumerate()
         .map(|(h, s)| {
-            let kh = shape.key_head_of(h);
             let mut head_out = vec![0.0f32; rows * value_dim];
-            let mut delta = vec![0.0f32; value_dim];
-            for t in 0..rows {
-                let qt = &q[(t * num_key_heads + kh) * key_dim..][..key_dim];
-                let kt = &k[(t * num_key_heads + kh) * key_dim..][..key_dim];
-                let vt = &v[(t * num_value_heads + h) * value_dim..][..value_dim];
-                let decay = g[t * num_value_heads + h].exp();
-                let b = beta[t * num_value_heads + h];
-                // delta = beta (v - (decay S)^T k)
-                delta.fill(0.0);
-                for (i, row) in s.chunks_exact(value_dim).enumerate() {
-                    let ki = kt[i];
-                    for (d, &sij) in delta.iter_mut().zip(row) {
-                        *d += ki * sij;
-                    }
-                }
-                for (d, &vj) in delta.iter_mut().zip(vt) {
-                    *d = (vj - decay * *d) * b;
-                }
-                // S = decay S + k delta^T; out = S^T q
-                let o = &mut head_out[t * value_dim..(t + 1) * value_dim];
-                for (i, row) in s.chunks_exact_mut(value_dim).enumerate() {
-                    let (ki, qi) = (kt[i], qt[i]);
-                    for ((sij, &d), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
-                        *sij = decay * *sij + ki * d;
-                        *oj += qi * *sij;
-                    }
-                }
-            }
+            sweep_head(&inputs, h, s, &mut head_out);
             head_out
         })
         .collect();
@@ -254,6 +367,63 @@ mod tests {
             }
             prop_assert_eq!(&once, &out);
             prop_assert_eq!(&s_once, &s_split);
+        }
+    }
+
+    /// The textbook recurrence, one token and head at a time, on the whole state.
+    fn naive(
+        shape: &DeltaNetShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: &[f32],
+        state: &mut [f32],
+    ) -> Vec<f32> {
+        let DeltaNetShape { num_key_heads: nk, num_value_heads: nv, key_dim: dk, value_dim: dv, .. } = *shape;
+        let rows = g.len() / nv;
+        let mut out = vec![0.0f32; rows * nv * dv];
+        for t in 0..rows {
+            for h in 0..nv {
+                let kh = shape.key_head_of(h);
+                let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+                let (qt, kt) = (&q[(t * nk + kh) * dk..][..dk], &k[(t * nk + kh) * dk..][..dk]);
+                let decay = g[t * nv + h].exp();
+                for x in s.iter_mut() {
+                    *x *= decay;
+                }
+                for j in 0..dv {
+                    let memory: f32 = (0..dk).map(|i| s[i * dv + j] * kt[i]).sum();
+                    let delta = (v[(t * nv + h) * dv + j] - memory) * beta[t * nv + h];
+                    for i in 0..dk {
+                        s[i * dv + j] += kt[i] * delta;
+                    }
+                    out[(t * nv + h) * dv + j] = (0..dk).map(|i| s[i * dv + j] * qt[i]).sum();
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// The blocked kernel computes the textbook recurrence, for value widths below, at and
+        /// past a block, in either head order.
+        #[test]
+        fn delta_rule_matches_the_textbook_recurrence(rows in 1usize..6, dv in prop::sample::select(vec![3usize, 16, 24, 40]), tiled: bool) {
+            let shape = DeltaNetShape { num_key_heads: 2, num_value_heads: 4, key_dim: 8, value_dim: dv, tiled_value_heads: tiled };
+            let q = values(rows * 16, 0.2);
+            let k = values(rows * 16, 0.7);
+            let v = values(rows * 4 * dv, 1.1);
+            let g: Vec<f32> = values(rows * 4, 2.5).iter().map(|x| -x.abs()).collect();
+            let beta: Vec<f32> = values(rows * 4, 3.5).iter().map(|x| 0.5 + x).collect();
+            let mut ours = values(shape.state_len(), 4.5);
+            let mut theirs = ours.clone();
+            let mut out = vec![0.0; rows * 4 * dv];
+            gated_delta_rule(&shape, &q, &k, &v, &g, &beta, &mut ours, &mut out).unwrap();
+            let want = naive(&shape, &q, &k, &v, &g, &beta, &mut theirs);
+            for (a, b) in out.iter().zip(&want).chain(ours.iter().zip(&theirs)) {
+                prop_assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+            }
         }
     }
 

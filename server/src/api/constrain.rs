@@ -189,7 +189,12 @@ fn lazy_call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Stri
     let mut rules = format!("{objects}bare: {alternatives}\n");
     rules.push_str("fenced: \"```json\\n\" bare \"\\n```\" | \"```\\n\" bare \"\\n```\"\n");
     let mut openings = vec!["bare", "fenced"];
-    if let Some(framing) = framing.filter(|f| !f.open.is_empty()) {
+    // Qwen3.5 frames calls as XML (`<tool_call>\n<function=NAME>...`), which no JSON grammar
+    // describes: a framed opening would force `{` after `<tool_call>` and push the model off its
+    // own format. Its framed calls stay free (the parser reads them); bare and fenced JSON, as
+    // a small model may write them instead, are still held to the declared tools.
+    let framed_json = format != OutputFormat::QwenXml;
+    if let Some(framing) = framing.filter(|f| !f.open.is_empty() && framed_json) {
         let quoted = |text: &str| Json::from(text).to_string();
         let framed = format!("framed: {} bare {}\n", quoted(framing.open), quoted(framing.close));
         rules.push_str(&framed);

@@ -309,3 +309,23 @@ fn a_forced_call_after_open_reasoning_closes_it_first() {
     let lazy = super::chat_constraint(&typed(&auto).unwrap(), OutputFormat::Hermes, Some("</think>"), &tokenizer);
     assert!(lazy.unwrap().is_some());
 }
+
+/// Under `auto`, a Qwen3.5 reply that opens its own XML call is never forced into JSON: the
+/// lazy grammar drops out at `<function=`, so the whole XML call is accepted token by token.
+#[test]
+fn a_qwen_xml_call_under_auto_stays_free() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [weather()]});
+    let xml = "<tool_call>\n<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>";
+    let mut constraint = chat_constraint(&body, OutputFormat::QwenXml, &tokenizer).unwrap().unwrap();
+    for t in tokenizer.encode(xml, false).unwrap() {
+        constraint.accept(t).unwrap_or_else(|e| panic!("token {t} of the XML call was refused: {e}"));
+    }
+    assert!(!constraint.masking(), "the lazy grammar must not hold an XML call");
+    // A bare JSON call is still held to the declared tools.
+    let mut constraint = chat_constraint(&body, OutputFormat::QwenXml, &tokenizer).unwrap().unwrap();
+    for t in tokenizer.encode("{\"name\": \"", false).unwrap() {
+        constraint.accept(t).unwrap();
+    }
+    assert!(constraint.masking(), "a bare call opened under auto is constrained");
+}
