@@ -203,6 +203,9 @@ fn sweep_head_portable(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [
     let RuleInputs { shape, rows, q, k, v, g, beta } = *inputs;
     let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = shape;
     let kh = shape.key_head_of(h);
+    if rows < BLOCKED_FROM_ROWS {
+        return sweep_rows(inputs, h, kh, s, out);
+    }
     // Each value column's recurrence reads and writes only that column of the state, so the
     // state is swept a block of columns at a time through every token: the block's rows
     // (key_dim lines of 64 bytes, 8 KiB for 128 keys) stay in L1, where sweeping the whole
@@ -255,6 +258,43 @@ fn sweep_head_portable(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [
                 }
             }
             out[t * value_dim + j0..][..width].copy_from_slice(&o[..width]);
+        }
+    }
+}
+
+/// Fewer tokens than this (decode steps) sweep whole state rows: a block of columns pays off
+/// only when several tokens reuse it, and with one token the whole-row sweep reads the state
+/// (from memory, in decode) in order, which a strided block sweep does not.
+const BLOCKED_FROM_ROWS: usize = 4;
+
+/// [`sweep_head_portable`] a token at a time over whole rows of the state.
+#[inline(always)]
+fn sweep_rows(inputs: &RuleInputs, h: usize, kh: usize, s: &mut [f32], out: &mut [f32]) {
+    let RuleInputs { shape, rows, q, k, v, g, beta } = *inputs;
+    let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = shape;
+    let mut delta = vec![0.0f32; value_dim];
+    for t in 0..rows {
+        let qt = &q[(t * num_key_heads + kh) * key_dim..][..key_dim];
+        let kt = &k[(t * num_key_heads + kh) * key_dim..][..key_dim];
+        let vt = &v[(t * num_value_heads + h) * value_dim..][..value_dim];
+        let decay = g[t * num_value_heads + h].exp();
+        let b = beta[t * num_value_heads + h];
+        delta.fill(0.0);
+        for (row, &ki) in s.chunks_exact(value_dim).zip(kt) {
+            for (d, &sij) in delta.iter_mut().zip(row) {
+                *d += ki * sij;
+            }
+        }
+        for (d, &vj) in delta.iter_mut().zip(vt) {
+            *d = (vj - decay * *d) * b;
+        }
+        let o = &mut out[t * value_dim..(t + 1) * value_dim];
+        o.fill(0.0);
+        for (row, (&ki, &qi)) in s.chunks_exact_mut(value_dim).zip(kt.iter().zip(qt)) {
+            for ((sij, &d), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+                *sij = decay * *sij + ki * d;
+                *oj += qi * *sij;
+            }
         }
     }
 }
