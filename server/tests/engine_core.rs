@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{KvDType, KvPool, LoadOptions, Model};
-use radix_serve::engine::{
-    EngineConfig, EngineCore, EngineEvent, FinishReason, GenerateRequest, SamplingParams, Timings,
-};
+use radix_serve::engine::{EngineConfig, EngineCore, EngineEvent, FinishReason, GenerateRequest, Timings};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+mod common;
+
+use common::{request, run};
 
 fn fixture(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny/qwen3").join(file)
@@ -34,56 +36,6 @@ fn engine(pages: usize, page_size: usize, prefix_cache: bool) -> EngineCore {
     let pool = KvPool::new(model.config(), page_size, pages, KvDType::F32).unwrap();
     let config = EngineConfig { max_running: 4, batch_tokens: 16, prefix_cache, max_context: 512 };
     EngineCore::new(model, pool, config, tokenizer())
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
-        max_tokens,
-        stop_tokens: vec![],
-        stop_strings: vec![],
-        use_cache,
-        constraint: None,
-        tenant: Default::default(),
-        cache_namespace: Default::default(),
-    }
-}
-
-struct Outcome {
-    cached: usize,
-    tokens: Vec<u32>,
-}
-
-fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outcome> {
-    let mut receivers: Vec<UnboundedReceiver<EngineEvent>> = Vec::new();
-    for r in requests {
-        let (tx, rx) = unbounded_channel();
-        engine.add(r, tx);
-        receivers.push(rx);
-    }
-    let mut steps = 0;
-    while !engine.idle() {
-        engine.step();
-        engine.check_invariants().unwrap();
-        steps += 1;
-        assert!(steps < 10_000, "the engine does not finish");
-    }
-    receivers
-        .into_iter()
-        .map(|mut rx| {
-            let mut outcome = Outcome { cached: 0, tokens: Vec::new() };
-            while let Ok(event) = rx.try_recv() {
-                match event {
-                    EngineEvent::Started { cached_tokens, .. } => outcome.cached = cached_tokens,
-                    EngineEvent::Token { id, .. } => outcome.tokens.push(id),
-                    EngineEvent::Finished { .. } | EngineEvent::Logprobs(_) => {}
-                    EngineEvent::Failed(m) => panic!("request failed: {m}"),
-                }
-            }
-            outcome
-        })
-        .collect()
 }
 
 fn prompt(seed: u32, shared: &[u32], len: usize) -> Vec<u32> {

@@ -8,8 +8,11 @@ use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
-use radix_serve::engine::{EngineConfig, EngineCore, EngineEvent, GenerateRequest, SamplingParams};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use radix_serve::engine::{EngineConfig, EngineCore};
+
+mod common;
+
+use common::{request, run};
 
 fn fixture(arch: &str, file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny").join(arch).join(file)
@@ -26,52 +29,6 @@ fn engine(arch: &str, max_running: usize, batch_tokens: usize) -> EngineCore {
     let config = EngineConfig { max_running, batch_tokens, prefix_cache: true, max_context: 512 };
     let tokenizer = Arc::new(Tokenizer::from_gguf_file(fixture(arch, "model-f32.gguf")).unwrap());
     EngineCore::new(model, pool, config, tokenizer)
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
-        max_tokens,
-        stop_tokens: vec![],
-        stop_strings: vec![],
-        use_cache: true,
-        constraint: None,
-        tenant: Default::default(),
-        cache_namespace: Default::default(),
-    }
-}
-
-/// Runs the requests to the end; each one's (cached tokens, generated tokens).
-fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<(usize, Vec<u32>)> {
-    let mut receivers: Vec<UnboundedReceiver<EngineEvent>> = Vec::new();
-    for r in requests {
-        let (tx, rx) = unbounded_channel();
-        engine.add(r, tx);
-        receivers.push(rx);
-    }
-    let mut steps = 0;
-    while !engine.idle() {
-        engine.step();
-        engine.check_invariants().unwrap();
-        steps += 1;
-        assert!(steps < 10_000, "the engine does not finish");
-    }
-    receivers
-        .into_iter()
-        .map(|mut rx| {
-            let (mut cached, mut tokens) = (0, Vec::new());
-            while let Ok(event) = rx.try_recv() {
-                match event {
-                    EngineEvent::Started { cached_tokens, .. } => cached = cached_tokens,
-                    EngineEvent::Token { id, .. } => tokens.push(id),
-                    EngineEvent::Failed(m) => panic!("request failed: {m}"),
-                    _ => {}
-                }
-            }
-            (cached, tokens)
-        })
-        .collect()
 }
 
 /// Greedy tokens from the model alone: one prefill, then one token at a time.
@@ -114,10 +71,10 @@ fn concurrent_hybrid_requests_answer_what_each_alone_answers() {
         // and later requests take the state slots earlier ones gave back.
         let mut engine = engine(arch, 4, 16);
         for round in 0..2 {
-            let out = run(&mut engine, prompts().into_iter().map(|p| request(p, 6)).collect());
-            for (i, ((cached, tokens), want)) in out.iter().zip(&want).enumerate() {
-                assert_eq!(tokens, want, "{arch} round {round} request {i}");
-                assert_eq!(*cached, 0, "{arch}: a hybrid model reuses no prefix without its recurrent state");
+            let out = run(&mut engine, prompts().into_iter().map(|p| request(p, 6, true)).collect());
+            for (i, (outcome, want)) in out.iter().zip(&want).enumerate() {
+                assert_eq!(&outcome.tokens, want, "{arch} round {round} request {i}");
+                assert_eq!(outcome.cached, 0, "{arch}: a hybrid model reuses no prefix without its recurrent state");
             }
         }
     }

@@ -1,0 +1,58 @@
+//! What the engine tests share: a greedy request and running requests to the end.
+#![allow(dead_code)] // Not every test file uses every helper.
+
+use radix_serve::engine::{EngineCore, EngineEvent, GenerateRequest, SamplingParams};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// A greedy request of `prompt` for `max_tokens` tokens.
+pub fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+        max_tokens,
+        stop_tokens: vec![],
+        stop_strings: vec![],
+        use_cache,
+        constraint: None,
+        tenant: Default::default(),
+        cache_namespace: Default::default(),
+    }
+}
+
+/// What one request heard: its cached prompt tokens and its generated tokens.
+pub struct Outcome {
+    pub cached: usize,
+    pub tokens: Vec<u32>,
+}
+
+/// Runs the requests to the end, checking the engine's invariants after every step.
+pub fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outcome> {
+    let mut receivers: Vec<UnboundedReceiver<EngineEvent>> = Vec::new();
+    for r in requests {
+        let (tx, rx) = unbounded_channel();
+        engine.add(r, tx);
+        receivers.push(rx);
+    }
+    let mut steps = 0;
+    while !engine.idle() {
+        engine.step();
+        engine.check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    receivers
+        .into_iter()
+        .map(|mut rx| {
+            let mut outcome = Outcome { cached: 0, tokens: Vec::new() };
+            while let Ok(event) = rx.try_recv() {
+                match event {
+                    EngineEvent::Started { cached_tokens, .. } => outcome.cached = cached_tokens,
+                    EngineEvent::Token { id, .. } => outcome.tokens.push(id),
+                    EngineEvent::Finished { .. } | EngineEvent::Logprobs(_) => {}
+                    EngineEvent::Failed(m) => panic!("request failed: {m}"),
+                }
+            }
+            outcome
+        })
+        .collect()
+}
