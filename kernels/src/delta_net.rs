@@ -221,6 +221,8 @@ fn sweep_head_portable(inputs: &RuleInputs, h: usize, s: &mut [f32], out: &mut [
             let b = beta[t * num_value_heads + h];
             let mut delta = [0.0f32; COLUMNS];
             let mut o = [0.0f32; COLUMNS];
+            // Full blocks as fixed-size arrays, which the compiler keeps in registers (the slice
+            // form alone prefilled the 0.8B shape's 512 tokens at 191-194 tok/s, this at 203-209).
             if width == COLUMNS {
                 // delta = beta (v - (decay S)^T k); then S = decay S + k delta^T, out = S^T q.
                 for (i, &ki) in kt.iter().enumerate() {

@@ -122,9 +122,6 @@ pub struct ModelConfig {
     /// Qwen3.5's full attention: the q projection also yields a per-head gate, and the
     /// attention output is multiplied by its sigmoid.
     pub attention_output_gate: bool,
-    /// Added to every RMSNorm weight at load: 1 for Qwen3.5 checkpoints, whose norms scale by
-    /// `1 + w` (llama.cpp's converter folds the 1 into GGUF files), 0 otherwise.
-    pub norm_weight_offset: f32,
     /// The Gated DeltaNet layers of a hybrid model.
     pub hybrid: Option<HybridConfig>,
     /// The sparse MLP of a mixture-of-experts model.
@@ -230,7 +227,6 @@ impl ModelConfig {
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             rotary_dim: (head_dim as f64 * partial_rotary) as usize,
             attention_output_gate: arch.is_qwen35(),
-            norm_weight_offset: if arch.is_qwen35() { 1.0 } else { 0.0 },
             hybrid: hf.layers.hybrid(arch, hf.num_hidden_layers)?,
             moe,
             skipped_mtp_layers: hf.layers.mtp_num_hidden_layers.unwrap_or(0),
@@ -299,7 +295,6 @@ impl ModelConfig {
             tie_word_embeddings: !content.tensor_infos.contains_key("output.weight"),
             rotary_dim: usize_of("rope.dimension_count").unwrap_or(head_dim),
             attention_output_gate: arch.is_qwen35(),
-            norm_weight_offset: 0.0,
             hybrid,
             moe,
             skipped_mtp_layers,

@@ -22,7 +22,7 @@ use crate::kv_pool::{KvDType, KvPool};
 use crate::layers::Embedding;
 use crate::rope::{Rope, RopeLayout};
 use crate::state_pool::StatePool;
-use crate::weights::{GgufSource, RandomWeights, SafetensorsSource, TensorName, WeightSource, Weights};
+use crate::weights::{GgufSource, Naming, RandomWeights, SafetensorsSource, TensorName, WeightSource, Weights};
 
 mod attention;
 mod backend;
@@ -153,7 +153,10 @@ impl Model {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let device = &options.device;
-        let mut weights = Weights::new(source, device).with_norm_offset(config.norm_weight_offset);
+        // Qwen3.5 checkpoints' norms scale by `1 + w`; llama.cpp's converter folds the 1 into
+        // GGUF files.
+        let norm_offset = if source.naming() == Naming::Hf && config.arch.is_qwen35() { 1.0 } else { 0.0 };
+        let mut weights = Weights::new(source, device).with_norm_offset(norm_offset);
         let (embedding, head) = Head::load(&config, &mut weights)?;
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.

@@ -154,7 +154,7 @@ impl Embedded {
 pub(crate) struct Weights<'a> {
     source: &'a dyn WeightSource,
     to: Target,
-    /// Added to every RMSNorm weight ([`crate::ModelConfig::norm_weight_offset`]).
+    /// Added to every RMSNorm weight (1 for a Qwen3.5 checkpoint's zero-centred norms).
     norm_offset: f32,
 }
 
