@@ -106,6 +106,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         constraint,
         tenant,
         cache_namespace: output.cache_namespace(),
+        snapshot_points: Vec::new(),
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

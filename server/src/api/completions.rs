@@ -56,6 +56,7 @@ pub(super) fn text_spec(
         constraint: None,
         tenant,
         cache_namespace: output.cache_namespace(),
+        snapshot_points: Vec::new(),
     };
     Ok(GenerationSpec { request, parser: plain_parser(), cache: None })
 }

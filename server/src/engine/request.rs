@@ -29,6 +29,12 @@ pub struct GenerateRequest {
     /// Which prefixes this request may reuse and extend: only those of requests with the same
     /// namespace (vLLM's `cache_salt`), so a client cannot even time another's.
     pub cache_namespace: CacheNamespace,
+    /// Hybrid models: prompt positions (token counts, ascending) where the prompt's structure
+    /// makes a later request likely to diverge: message boundaries, the end of the tools
+    /// block, the start of the generation prompt. The engine saves the recurrent state there
+    /// (ARCHITECTURE.md §3). Empty is fine: the engine adds its own points (interval, prompt
+    /// end, generation end).
+    pub snapshot_points: Vec<usize>,
 }
 
 /// A part of the prefix cache: requests of one namespace share cached prefixes, requests of

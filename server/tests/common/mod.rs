@@ -16,6 +16,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> Generate
         constraint: None,
         tenant: Default::default(),
         cache_namespace: Default::default(),
+        snapshot_points: Vec::new(),
     }
 }
 
