@@ -42,6 +42,14 @@ pub struct ServeArgs {
     /// half the available memory; see the README's "Context and KV cache").
     #[arg(long = "kv-cache")]
     kv_cache_mib: Option<usize>,
+    /// Hybrid models (Qwen3.5): MiB of recurrent-state snapshots the prefix cache keeps, so that a
+    /// cached prefix can be resumed (default: half the KV cache budget; 0 reuses no prefix).
+    #[arg(long = "state-cache")]
+    state_cache_mib: Option<usize>,
+    /// Hybrid models: save the recurrent state at least every this many prompt tokens, besides
+    /// message boundaries, so a prompt diverging inside a long message resumes close by.
+    #[arg(long, default_value_t = radix_serve::engine::DEFAULT_SNAPSHOT_INTERVAL)]
+    snapshot_interval: usize,
     /// Tokens per KV page (1 matches prefixes exactly).
     #[arg(long, default_value_t = 1)]
     page_size: usize,
@@ -269,15 +277,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("radix-serve: {note}");
     }
     let pool = model.kv_pool_with_budget(page_size, sizing.budget_bytes, KvDType::F16)?;
+    // Snapshots are worth what they save recomputing; half the KV budget keeps dozens of them for
+    // the 0.8B shape at the default budget, and host memory is committed only as they are taken.
+    let state_cache_bytes = args.state_cache_mib.map_or(sizing.budget_bytes / 2, |mib| mib << 20);
     if model.config().hybrid.is_some() {
         let per_sequence = StatePool::slot_bytes(model.config())?;
         let sequences = args.parallel.max(1);
+        let snapshots = if args.no_prefix_cache { 0 } else { state_cache_bytes / per_sequence.max(1) };
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
         eprintln!(
-            "radix-serve: recurrent state {:.1} MiB per sequence, {sequences} sequence(s): {:.1} MiB; prefix reuse \
-             is off for this hybrid model until recurrent-state snapshots land (every prompt is prefilled whole)",
-            per_sequence as f64 / (1 << 20) as f64,
-            (per_sequence * sequences) as f64 / (1 << 20) as f64
+            "radix-serve: recurrent state {:.1} MiB per sequence, {sequences} sequence(s): {:.1} MiB; snapshots for \
+             prefix reuse: {snapshots} ({:.1} MiB, --state-cache)",
+            mib(per_sequence),
+            mib(per_sequence * sequences),
+            mib(per_sequence * snapshots)
         );
+        if snapshots == 0 && !args.no_prefix_cache {
+            eprintln!("radix-serve: --state-cache holds no snapshot: this hybrid model will reuse no cached prefix");
+        }
     }
     let device = device_name(model.device());
     let capacity = pool.num_pages() * pool.page_size();
@@ -292,6 +309,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         batch_tokens: args.batch_tokens.max(1),
         prefix_cache: !args.no_prefix_cache,
         max_context: context_length,
+        state_cache_bytes,
+        snapshot_interval: args.snapshot_interval.max(1),
     };
     let content_controls = match args.content_control_tokens {
         true => None,

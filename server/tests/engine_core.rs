@@ -34,7 +34,7 @@ fn tokenizer() -> Arc<Tokenizer> {
 fn engine(pages: usize, page_size: usize, prefix_cache: bool) -> EngineCore {
     let model = model();
     let pool = KvPool::new(model.config(), page_size, pages, KvDType::F32).unwrap();
-    let config = EngineConfig { max_running: 4, batch_tokens: 16, prefix_cache, max_context: 512 };
+    let config = EngineConfig::new(4, 16, prefix_cache, 512);
     EngineCore::new(model, pool, config, tokenizer())
 }
 

@@ -153,6 +153,10 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
         "divergence": divergence,
         "previous": previous,
     });
+    if let Some(recomputed) = report.recomputed_for_snapshot {
+        json["recomputed_for_snapshot"] = json!(recomputed);
+        log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
+    }
     if let Some(ctx) = context.as_ref().filter(|c| c.wanted)
         && let Ok(offsets) = ctx.tokenizer.prompt_offsets(&ctx.prompt_text, &ctx.content_controls)
         && offsets.len() == ctx.prompt.len()

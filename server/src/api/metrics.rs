@@ -84,6 +84,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_generated_tokens_total", "Tokens generated.", m.generated_tokens),
         ("radix_serve_cache_evicted_pages_total", "KV pages evicted from the prefix cache.", m.evicted_pages),
         ("radix_serve_cache_evicted_tokens_total", "Tokens of the KV pages evicted.", m.evicted_tokens),
+        ("radix_serve_cache_evicted_snapshots_total", "Recurrent-state snapshots evicted.", m.evicted_snapshots),
     ];
     for (name, help, value) in counters {
         scalar(&mut out, "counter", name, help, value);
@@ -98,6 +99,10 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_kv_page_size_tokens", "Tokens per KV page.", s.page_size),
         ("radix_serve_sequences_running", "Sequences running.", s.running),
         ("radix_serve_sequences_waiting", "Requests waiting for admission.", state.engine.queued()),
+        ("radix_serve_cache_snapshots", "Recurrent-state snapshots in the prefix cache.", s.snapshots),
+        ("radix_serve_cache_snapshot_bytes", "Bytes of those snapshots.", s.snapshots * s.snapshot_bytes),
+        ("radix_serve_cache_snapshot_slots", "Snapshot slots of the --state-cache budget.", s.snapshot_slots),
+        ("radix_serve_state_slots_free", "Running-sequence state slots free.", s.state_slots_free),
     ];
     for (name, help, value) in gauges {
         scalar(&mut out, "gauge", name, help, value);
@@ -140,6 +145,10 @@ async fn cache(State(state): State<Arc<ApiState>>, headers: axum::http::HeaderMa
         "cached_tokens": m.cached_tokens,
         "evicted_pages": m.evicted_pages,
         "evicted_tokens": m.evicted_tokens,
+        "snapshots": s.snapshots,
+        "snapshot_bytes": s.snapshots * s.snapshot_bytes,
+        "snapshot_slots": s.snapshot_slots,
+        "evicted_snapshots": m.evicted_snapshots,
         "top_prefixes": top,
     }))
     .into_response()

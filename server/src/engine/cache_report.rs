@@ -26,6 +26,9 @@ pub enum MissReason {
     RerenderedHistory,
     /// The request asked for no reuse (`cache_prompt: false`) or the server runs `--no-prefix-cache`.
     CacheDisabled,
+    /// A hybrid model's cached KV matched further, but the nearest recurrent-state snapshot was
+    /// earlier: the tokens in between were recomputed (`recomputed_for_snapshot`).
+    NoSnapshot,
 }
 
 impl MissReason {
@@ -37,6 +40,7 @@ impl MissReason {
             MissReason::Evicted => "evicted",
             MissReason::RerenderedHistory => "rerendered_history",
             MissReason::CacheDisabled => "cache_disabled",
+            MissReason::NoSnapshot => "no_snapshot",
         }
     }
 }
@@ -65,6 +69,8 @@ pub struct CacheReport {
     pub divergence: Option<usize>,
     /// Why, when it stopped early.
     pub reason: Option<MissReason>,
+    /// [`MissReason::NoSnapshot`]: cached tokens computed again to reach the snapshot.
+    pub recomputed_for_snapshot: Option<usize>,
 }
 
 impl CacheReport {
@@ -102,6 +108,17 @@ impl CacheReport {
         report.reason =
             Some(if total == 0 || at >= prompt_len { MissReason::NewContent } else { MissReason::ChangedContent });
         report
+    }
+
+    /// A hybrid model's KV matched `kv_matched` tokens but the sequence resumed from the nearest
+    /// snapshot at `cached_tokens`: when that lost at least a page, that is the reason reuse
+    /// stopped where it did.
+    pub fn no_snapshot(&mut self, kv_matched: usize, page_size: usize) {
+        if kv_matched >= self.cached_tokens + page_size.max(1) && self.reason != Some(MissReason::CacheDisabled) {
+            self.divergence = Some(self.cached_tokens);
+            self.reason = Some(MissReason::NoSnapshot);
+            self.recomputed_for_snapshot = Some(kv_matched - self.cached_tokens);
+        }
     }
 }
 

@@ -29,7 +29,30 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Longest context a sequence may reach.
     pub max_context: usize,
+    /// Hybrid models: bytes of recurrent-state snapshots the prefix cache may keep
+    /// (`--state-cache`); 0 keeps none, so no prefix is reused.
+    pub state_cache_bytes: usize,
+    /// Hybrid models: a snapshot at least every this many prompt tokens (`--snapshot-interval`),
+    /// so that a long message is not recomputed whole when a prompt diverges inside it.
+    pub snapshot_interval: usize,
 }
+
+impl EngineConfig {
+    /// Limits with the defaults of `radix-serve` for everything but the scheduling ones.
+    pub fn new(max_running: usize, batch_tokens: usize, prefix_cache: bool, max_context: usize) -> Self {
+        EngineConfig {
+            max_running,
+            batch_tokens,
+            prefix_cache,
+            max_context,
+            state_cache_bytes: 256 << 20,
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+        }
+    }
+}
+
+/// `--snapshot-interval`'s default: a 10k-token tool output is resumed at most 2k tokens back.
+pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
 
 /// A snapshot of the engine's state, for `/health` and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -46,6 +69,18 @@ pub struct EngineStats {
     pub pages_cached: usize,
     /// Tokens per page.
     pub page_size: usize,
+    /// Hybrid models: recurrent-state snapshots in the prefix cache.
+    pub snapshots: usize,
+    /// Hybrid models: slots set aside for snapshots (the `--state-cache` budget).
+    pub snapshot_slots: usize,
+    /// Hybrid models: snapshot slots neither in the cache nor held by a running sequence.
+    pub snapshot_slots_free: usize,
+    /// Hybrid models: bytes of one snapshot (one sequence's recurrent state).
+    pub snapshot_bytes: usize,
+    /// Hybrid models: state slots for running sequences, and how many of them are free.
+    pub state_slots: usize,
+    /// See [`EngineStats::state_slots`].
+    pub state_slots_free: usize,
 }
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
@@ -62,10 +97,14 @@ pub struct ScheduledStep {
 pub struct EngineCore {
     model: Model,
     pool: KvPool,
-    /// Hybrid models: one recurrent-state slot per running sequence.
+    /// Hybrid models: one recurrent-state slot per running sequence (the first `max_running`
+    /// slots), then the snapshot slots the prefix cache hands out.
     state: Option<StatePool>,
-    /// State slots no running sequence holds.
+    /// Running-sequence state slots no running sequence holds.
     free_slots: Vec<u32>,
+    /// Bytes of one state slot (0 for a dense model).
+    slot_bytes: usize,
+    snapshot_interval: usize,
     scheduler: Scheduler,
     cache: PrefixCache,
     postprocess: Postprocess,
@@ -81,21 +120,30 @@ impl EngineCore {
     /// An engine over `model` with the given KV pool; `tokenizer` decodes the output to match
     /// stop strings in it.
     ///
-    /// A hybrid model (Qwen3.5) gets a recurrent state slot per running sequence, and no
-    /// prefix reuse: a cached prefix's K/V is usable only with the recurrent state at its end,
-    /// which nothing saves yet, so every prompt is prefilled whole.
+    /// A hybrid model (Qwen3.5) gets a recurrent state slot per running sequence and as many
+    /// snapshot slots as `state_cache_bytes` holds: a cached prefix's K/V is usable only with
+    /// the recurrent state at its end, so the cache saves states at the prompt's structural
+    /// points and resumes from the deepest one a new prompt reaches.
     pub fn new(model: Model, pool: KvPool, config: EngineConfig, tokenizer: Arc<Tokenizer>) -> Self {
         let hybrid = model.config().hybrid.is_some();
-        let reuse = config.prefix_cache && !hybrid;
-        let cache = PrefixCache::new(pool.page_size(), pool.num_pages(), reuse);
         let slots = config.max_running.max(1);
-        let state = hybrid.then(|| model.new_state_pool(slots).expect("a hybrid model's config makes a state pool"));
+        let slot_bytes = if hybrid { StatePool::slot_bytes(model.config()).unwrap_or(0) } else { 0 };
+        let snapshot_slots = match (hybrid, config.prefix_cache) {
+            (true, true) => config.state_cache_bytes / slot_bytes.max(1),
+            _ => 0,
+        };
+        let snapshot_range = hybrid.then(|| slots as u32..(slots + snapshot_slots) as u32);
+        let cache = PrefixCache::new(pool.page_size(), pool.num_pages(), config.prefix_cache, snapshot_range);
+        let state = hybrid
+            .then(|| model.new_state_pool(slots + snapshot_slots).expect("a hybrid model's config makes a state pool"));
         EngineCore {
             model,
             pool,
             free_slots: if hybrid { (0..slots as u32).rev().collect() } else { Vec::new() },
             state,
-            scheduler: Scheduler::new(config.max_running, config.batch_tokens),
+            slot_bytes,
+            snapshot_interval: config.snapshot_interval.max(1),
+            scheduler: Scheduler::new(slots, config.batch_tokens),
             cache,
             postprocess: Postprocess::new(tokenizer, config.max_context),
             recent: RecentSequences::new(RECENT_SEQUENCES),
@@ -140,7 +188,21 @@ impl EngineCore {
             pages_free: self.cache.pages_free(),
             pages_cached: self.cache.pages_cached(),
             page_size: self.cache.page_size(),
+            snapshots: self.cache.snapshots_cached(),
+            snapshot_slots: self.cache.snapshot_slots(),
+            snapshot_slots_free: self.cache.snapshot_slots_free(),
+            snapshot_bytes: self.slot_bytes,
+            state_slots: if self.state.is_some() { self.scheduler.max_running() } else { 0 },
+            state_slots_free: self.free_slots.len(),
         }
+    }
+
+    /// Every snapshot in the prefix cache: the token key of its prefix and its state (conv then
+    /// SSM per layer, as [`StatePool::read_slot`]), to check them against a cold prefill.
+    pub fn snapshot_states(&self) -> Vec<(Vec<u32>, Vec<f32>)> {
+        let Some(state) = &self.state else { return Vec::new() };
+        let snapshots = self.cache.snapshot_prefixes();
+        snapshots.into_iter().map(|(tokens, slot)| (tokens, state.read_slot(slot).expect("a snapshot slot"))).collect()
     }
 
     /// Recently computed sequences, most reused first (for `/v1/cache`).
@@ -154,6 +216,7 @@ impl EngineCore {
         EngineMetrics {
             evicted_pages: evicted,
             evicted_tokens: evicted * self.cache.page_size() as u64,
+            evicted_snapshots: self.cache.evicted_snapshots(),
             ..self.metrics.clone()
         }
     }
@@ -221,16 +284,23 @@ impl EngineCore {
         let page_size = self.cache.page_size();
         for index in self.scheduler.admit(&mut self.cache) {
             let seq = &mut self.scheduler.running_mut()[index];
-            if self.state.is_some() {
+            if let Some(state) = self.state.as_mut() {
                 // The scheduler runs at most as many sequences as there are slots.
-                seq.state_slot = Some(self.free_slots.pop().expect("a state slot for every running sequence"));
+                let slot = self.free_slots.pop().expect("a state slot for every running sequence");
+                seq.state_slot = Some(slot);
+                if let Some(from) = seq.restore_from.take() {
+                    // Placed a moment ago: its node is locked, and only a step hands out slots.
+                    state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
+                }
+                seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
             }
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
             let prompt = &seq.tokens[..seq.prompt_len];
             let previous = self.recent.most_similar(prompt, page_size, seq.request.tenant);
             let cache_on = self.cache.serves(seq.request.use_cache);
-            let report = CacheReport::judge(prompt, seq.cached_tokens, cache_on, page_size, previous);
+            let mut report = CacheReport::judge(prompt, seq.cached_tokens, cache_on, page_size, previous);
+            report.no_snapshot(seq.kv_matched, page_size);
             let _ = seq.events.send(EngineEvent::Started {
                 prompt_tokens: seq.prompt_len,
                 cached_tokens: seq.cached_tokens,
@@ -242,10 +312,31 @@ impl EngineCore {
         }
     }
 
-    /// Records what the forward pass computed; a prompt just prefilled is shared at once.
+    /// Records what the forward pass computed and saves the states it reached at snapshot
+    /// points; a prompt just prefilled is shared at once.
     fn advance(&mut self, members: &[Member]) {
+        let page_size = self.cache.page_size();
         for member in members {
             let seq = &mut self.scheduler.running_mut()[member.index];
+            if let (Some(state), Some(from)) = (self.state.as_mut(), seq.state_slot) {
+                let mut save = |cache: &mut PrefixCache, reuse: Option<u32>| {
+                    let slot = reuse.or_else(|| cache.take_snapshot_slot())?;
+                    state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
+                    Some(slot)
+                };
+                while let Some(point) = seq.snapshot_points.pop_if(|p| *p <= member.end) {
+                    if point == member.end
+                        && let Some(slot) = save(&mut self.cache, None)
+                    {
+                        seq.snapshots.push((point, slot));
+                    }
+                }
+                let decoded_to_page_end = member.end > seq.prompt_len && member.end.is_multiple_of(page_size);
+                if page_size > 1 && decoded_to_page_end && self.cache.serves(seq.request.use_cache) {
+                    let reuse = seq.rolling_snapshot.take().map(|(_, slot)| slot);
+                    seq.rolling_snapshot = save(&mut self.cache, reuse).map(|slot| (member.end, slot));
+                }
+            }
             if seq.computed < seq.prompt_len && member.end >= seq.prompt_len {
                 self.cache.share_prompt(seq, member.end);
             }
@@ -258,6 +349,7 @@ impl EngineCore {
     /// and its pages go to the cache or the free list.
     fn finish(&mut self, mut seq: Sequence, ending: Ending) {
         let now = Instant::now();
+        let failed = matches!(ending, Ending::Failed(_));
         self.metrics.observe_reply(seq.arrived, seq.first_token, seq.generated(), now);
         match ending {
             Ending::Finished(reason) => {
@@ -270,9 +362,38 @@ impl EngineCore {
             Ending::Abandoned => {}
         }
         self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len, seq.request.tenant);
-        self.cache.release(&seq);
+        self.save_final_snapshot(&mut seq, failed);
+        self.cache.release(&mut seq);
         if let Some(slot) = seq.state_slot.take() {
             self.free_slots.push(slot);
+        }
+    }
+
+    /// A hybrid sequence's state where its cached KV will end, so that the next turn (prompt,
+    /// this reply, more) resumes there: the state itself when it ends on a page boundary, else
+    /// the last boundary decoding crossed. Not after a failed step, which may have written the
+    /// state past what was computed.
+    fn save_final_snapshot(&mut self, seq: &mut Sequence, failed: bool) {
+        let rolling = seq.rolling_snapshot.take();
+        let (Some(state), Some(from)) = (self.state.as_mut(), seq.state_slot) else { return };
+        let end = seq.computed;
+        let wanted = !failed && end > 0 && self.cache.serves(seq.request.use_cache);
+        let have = |len: usize| seq.snapshots.iter().any(|&(l, _)| l == len);
+        if wanted && end.is_multiple_of(self.cache.page_size()) && !have(end) {
+            if let Some((_, slot)) = rolling {
+                self.cache.free_snapshot(slot);
+            }
+            if let Some(slot) = self.cache.take_snapshot_slot() {
+                state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
+                seq.snapshots.push((end, slot));
+            }
+            return;
+        }
+        if let Some((len, slot)) = rolling {
+            match wanted && !have(len) {
+                true => seq.snapshots.push((len, slot)),
+                false => self.cache.free_snapshot(slot),
+            }
         }
     }
 
@@ -286,8 +407,8 @@ impl EngineCore {
             let _ = seq.events.send(EngineEvent::Failed(message.to_owned()));
         }
         self.cache = self.cache.emptied();
-        if let Some(state) = &self.state {
-            self.free_slots = (0..state.num_slots() as u32).rev().collect();
+        if self.state.is_some() {
+            self.free_slots = (0..self.scheduler.max_running() as u32).rev().collect();
         }
     }
 
@@ -305,20 +426,47 @@ impl EngineCore {
     }
 
     /// Every page is free, in the tree, or private to exactly one running sequence; locks are
-    /// zero when nothing runs.
+    /// zero when nothing runs; each sequence state slot is free or held by one running sequence,
+    /// and each snapshot slot free, in the tree, or held by one.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.cache.check_invariants(self.scheduler.running())?;
-        if let Some(state) = &self.state {
+        if self.state.is_some() {
             let mut slots: Vec<u32> = self.scheduler.running().iter().filter_map(|s| s.state_slot).collect();
             if slots.len() != self.scheduler.running().len() {
                 return Err("a running sequence of a hybrid model has no state slot".into());
             }
             slots.extend(&self.free_slots);
             slots.sort_unstable();
-            if slots != (0..state.num_slots() as u32).collect::<Vec<_>>() {
+            if slots != (0..self.scheduler.max_running() as u32).collect::<Vec<_>>() {
                 return Err(format!("state slots are not each held once: {slots:?}"));
             }
         }
         Ok(())
     }
+}
+
+/// Where a hybrid sequence's prefill saves its state: the request's structural points (message
+/// boundaries, from the API), one every `interval` tokens between them so a long message is not
+/// recomputed whole, and all but the last prompt token when the request named none (a raw
+/// prompt sent again then reuses everything). Each rounded down to a page boundary (a prefix is
+/// reused in whole pages anyway), past what is cached; descending, the next one last.
+fn snapshot_points(seq: &Sequence, page_size: usize, interval: usize) -> Vec<usize> {
+    let reusable = seq.prompt_len - 1;
+    let mut marks: Vec<usize> = seq.request.snapshot_points.iter().copied().filter(|&p| p <= reusable).collect();
+    if marks.is_empty() {
+        marks.push(reusable);
+    }
+    marks.sort_unstable();
+    let mut points = Vec::new();
+    let mut previous = 0;
+    for mark in marks {
+        points.extend((previous + interval..mark).step_by(interval));
+        points.push(mark);
+        previous = mark;
+    }
+    let mut points: Vec<usize> =
+        points.into_iter().map(|p| p / page_size * page_size).filter(|&p| p > seq.cached_tokens).collect();
+    points.dedup();
+    points.reverse();
+    points
 }

@@ -56,6 +56,8 @@ pub struct EngineMetrics {
     pub evicted_pages: u64,
     /// Tokens those pages held.
     pub evicted_tokens: u64,
+    /// Hybrid models: recurrent-state snapshots dropped to make room (with their node or alone).
+    pub evicted_snapshots: u64,
     /// Submission to first token.
     pub time_to_first_token: Histogram,
     /// Mean time between output tokens, one observation per request.
@@ -74,6 +76,7 @@ impl Default for EngineMetrics {
             generated_tokens: 0,
             evicted_pages: 0,
             evicted_tokens: 0,
+            evicted_snapshots: 0,
             time_to_first_token: Histogram::new(LATENCY_BOUNDS),
             time_per_output_token: Histogram::new(TOKEN_BOUNDS),
             queue_time: Histogram::new(LATENCY_BOUNDS),

@@ -20,11 +20,11 @@ pub mod stop;
 
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
 pub use constraint::{Constraint, ConstraintFactory};
-pub use core::{EngineConfig, EngineCore, EngineStats, ScheduledStep};
+pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, EngineStats, ScheduledStep};
 pub use handle::EngineHandle;
 pub use metrics::{EngineMetrics, Histogram};
 pub use pages::PageAllocator;
-pub use radix::{Inserted, NodeId, PrefixMatch, RadixCache};
+pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit};
 pub use request::{CacheNamespace, EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutput};

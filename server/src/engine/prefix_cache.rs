@@ -6,8 +6,14 @@
 //! exactly one running sequence. A sequence's page table starts with the pages of its matched
 //! prefix (the tree's; locked while it runs) and continues with its own. Matches end on a page
 //! boundary and new tokens start there, so nobody writes into a page the tree holds.
+//!
+//! Hybrid models (ARCHITECTURE.md §3, "Recurrent-state snapshots"): a prefix is reused only up
+//! to the deepest snapshot on its path, whose state the sequence resumes from. Snapshot slots of
+//! the state pool are, like pages, each free, in the tree, or held by exactly one running
+//! sequence (taken during its prefill or decode and not yet filed in the tree).
 
 use std::collections::HashSet;
+use std::ops::Range;
 
 use super::pages::PageAllocator;
 use super::radix::RadixCache;
@@ -23,18 +29,96 @@ pub(crate) struct PrefixCache {
     enabled: bool,
     /// Pages evicted to make room since start-up.
     evicted_pages: u64,
+    /// Hybrid models: the state-pool slots that hold snapshots.
+    snapshots: Option<SnapshotSlots>,
+}
+
+/// The state-pool slots set aside for snapshots, and which of them are free.
+#[derive(Debug, Clone)]
+struct SnapshotSlots {
+    all: Range<u32>,
+    free: Vec<u32>,
+    /// Snapshots dropped to make room since start-up (with their node or on their own).
+    evicted: u64,
+}
+
+impl SnapshotSlots {
+    fn new(all: Range<u32>) -> Self {
+        SnapshotSlots { free: all.clone().rev().collect(), all, evicted: 0 }
+    }
 }
 
 impl PrefixCache {
-    /// An empty cache over a pool of `num_pages` pages of `page_size` tokens.
-    pub(crate) fn new(page_size: usize, num_pages: usize, enabled: bool) -> Self {
+    /// An empty cache over a pool of `num_pages` pages of `page_size` tokens; a hybrid model's
+    /// cache also gets the state-pool slots `snapshot_slots` for its snapshots.
+    pub(crate) fn new(page_size: usize, num_pages: usize, enabled: bool, snapshot_slots: Option<Range<u32>>) -> Self {
         PrefixCache {
             tree: RadixCache::new(page_size),
             alloc: PageAllocator::new(num_pages),
             page_size,
             enabled,
             evicted_pages: 0,
+            snapshots: snapshot_slots.map(SnapshotSlots::new),
         }
+    }
+
+    /// Snapshots in the tree.
+    pub(crate) fn snapshots_cached(&self) -> usize {
+        self.tree.snapshots()
+    }
+
+    /// Slots set aside for snapshots (0 for a dense model).
+    pub(crate) fn snapshot_slots(&self) -> usize {
+        self.snapshots.as_ref().map_or(0, |s| s.all.len())
+    }
+
+    /// Every snapshot in the tree: its prefix's token key and its slot.
+    pub(crate) fn snapshot_prefixes(&self) -> Vec<(Vec<u32>, u32)> {
+        self.tree.snapshot_prefixes()
+    }
+
+    /// Snapshot slots neither in the tree nor held by a running sequence.
+    pub(crate) fn snapshot_slots_free(&self) -> usize {
+        self.snapshots.as_ref().map_or(0, |s| s.free.len())
+    }
+
+    /// Snapshots dropped to make room since start-up.
+    pub(crate) fn evicted_snapshots(&self) -> u64 {
+        self.snapshots.as_ref().map_or(0, |s| s.evicted)
+    }
+
+    /// A slot to save a snapshot in: a free one, else the least recently used snapshot's
+    /// (see [`RadixCache::evict_snapshot`]); `None` when every slot is held by running sequences.
+    pub(crate) fn take_snapshot_slot(&mut self) -> Option<u32> {
+        let slots = self.snapshots.as_mut()?;
+        if let Some(slot) = slots.free.pop() {
+            return Some(slot);
+        }
+        let slot = self.tree.evict_snapshot()?;
+        slots.evicted += 1;
+        Some(slot)
+    }
+
+    /// Gives back a snapshot slot the tree did not take.
+    pub(crate) fn free_snapshot(&mut self, slot: u32) {
+        if let Some(slots) = self.snapshots.as_mut() {
+            debug_assert!(slots.all.contains(&slot) && !slots.free.contains(&slot), "snapshot slot {slot} freed twice");
+            slots.free.push(slot);
+        }
+    }
+
+    /// Files the sequence's snapshots of at most `upto` tokens in the tree (its KV must be
+    /// there), freeing those the tree does not take.
+    fn file_snapshots(&mut self, seq: &mut Sequence, upto: usize) {
+        let mut later = Vec::new();
+        for (len, slot) in std::mem::take(&mut seq.snapshots) {
+            if len > upto {
+                later.push((len, slot));
+            } else if let Err(slot) = self.tree.attach_snapshot(&seq.cache_key(len), slot) {
+                self.free_snapshot(slot);
+            }
+        }
+        seq.snapshots = later;
     }
 
     /// Tokens per page.
@@ -65,30 +149,49 @@ impl PrefixCache {
     /// Whether this request reads and extends the cache.
     /// A cache like this one, empty: every page free, no tree.
     pub(crate) fn emptied(&self) -> Self {
-        PrefixCache::new(self.page_size(), self.pages_total(), self.enabled)
+        PrefixCache::new(
+            self.page_size(),
+            self.pages_total(),
+            self.enabled,
+            self.snapshots.as_ref().map(|s| s.all.clone()),
+        )
     }
 
     pub(crate) fn serves(&self, use_cache: bool) -> bool {
         self.enabled && use_cache
     }
 
-    /// How much of the first `len` tokens of `seq` the cache holds for it.
+    /// How much of the first `len` tokens of `seq` the cache holds for it (a hybrid model's:
+    /// up to the deepest snapshot).
     pub(crate) fn cached_len(&mut self, seq: &Sequence, len: usize) -> usize {
-        match self.serves(seq.request.use_cache) {
-            true => self.tree.match_prefix(&seq.cache_key(len)).tokens,
-            false => 0,
+        if !self.serves(seq.request.use_cache) {
+            return 0;
+        }
+        let m = self.tree.match_prefix(&seq.cache_key(len));
+        match self.snapshots {
+            Some(_) => m.snapshot.map_or(0, |hit| hit.tokens),
+            None => m.tokens,
         }
     }
 
     /// Matches the prompt's cached prefix (all but its last token, whose logits are needed),
     /// locks it, and allocates pages for the rest of the prompt. On `false` nothing changed.
+    /// A hybrid model's match ends at its deepest snapshot, which the sequence is to resume
+    /// from (`restore_from`); `kv_matched` keeps how far the KV alone matched.
     pub(crate) fn place(&mut self, seq: &mut Sequence) -> bool {
-        let (node, cached, mut pages) = if self.serves(seq.request.use_cache) {
+        let (mut node, mut cached, mut pages, mut kv_matched, mut restore) = (None, 0, Vec::new(), 0, None);
+        if self.serves(seq.request.use_cache) {
             let m = self.tree.match_prefix(&seq.cache_key(seq.prompt_len - 1));
-            (Some(m.node), m.tokens, m.pages)
-        } else {
-            (None, 0, Vec::new())
-        };
+            kv_matched = m.tokens;
+            match (&self.snapshots, m.snapshot) {
+                (None, _) => (node, cached, pages) = (Some(m.node), m.tokens, m.pages),
+                (Some(_), Some(hit)) => {
+                    (node, cached, restore) = (Some(hit.node), hit.tokens, Some(hit.slot));
+                    pages = m.pages[..hit.tokens / self.page_size].to_vec();
+                }
+                (Some(_), None) => {}
+            }
+        }
         if let Some(node) = node {
             self.tree.lock(node);
         }
@@ -106,6 +209,8 @@ impl PrefixCache {
         seq.cached_tokens = cached;
         seq.computed = cached;
         seq.pages = pages;
+        seq.kv_matched = kv_matched;
+        seq.restore_from = restore;
         true
     }
 
@@ -132,6 +237,9 @@ impl PrefixCache {
     /// prompt.
     pub(crate) fn share_prompt(&mut self, seq: &mut Sequence, computed: usize) {
         if !self.serves(seq.request.use_cache) {
+            for (_, slot) in std::mem::take(&mut seq.snapshots) {
+                self.free_snapshot(slot);
+            }
             return;
         }
         let key = seq.cache_key(computed);
@@ -145,20 +253,25 @@ impl PrefixCache {
         if let Some(old) = seq.node.replace(inserted.node) {
             self.tree.unlock(old);
         }
+        self.file_snapshots(seq, computed);
     }
 
     /// Inserts what an ending sequence computed into the tree (prompt and output, so the next
-    /// turn of a conversation hits), frees the pages the tree does not take, and unlocks its
-    /// prefix.
-    pub(crate) fn release(&mut self, seq: &Sequence) {
+    /// turn of a conversation hits) with its snapshots, frees the pages and snapshot slots the
+    /// tree does not take, and unlocks its prefix.
+    pub(crate) fn release(&mut self, seq: &mut Sequence) {
         let kept = if self.serves(seq.request.use_cache) {
             let inserted = self.tree.insert(&seq.cache_key(seq.computed), &seq.pages);
             self.alloc.release(inserted.duplicate_pages);
+            self.file_snapshots(seq, seq.computed);
             seq.computed / self.page_size
         } else {
             // Without the cache, only a matched prefix (none) belongs to the tree.
             0
         };
+        for (_, slot) in std::mem::take(&mut seq.snapshots) {
+            self.free_snapshot(slot);
+        }
         self.alloc.release(seq.pages[kept..].iter().copied());
         if let Some(node) = seq.node {
             self.tree.unlock(node);
@@ -168,7 +281,10 @@ impl PrefixCache {
     /// Drops every unlocked cached prefix (all of them when nothing runs).
     pub(crate) fn flush(&mut self) {
         let freed = self.tree.evict(usize::MAX);
-        self.alloc.release(freed);
+        self.alloc.release(freed.pages);
+        for slot in freed.snapshots {
+            self.free_snapshot(slot);
+        }
     }
 
     /// Takes `n` free pages, evicting unlocked cache, least recently used first, if needed.
@@ -181,8 +297,14 @@ impl PrefixCache {
                 return None;
             }
             let freed = self.tree.evict(n - free);
-            self.evicted_pages += freed.len() as u64;
-            self.alloc.release(freed);
+            self.evicted_pages += freed.pages.len() as u64;
+            self.alloc.release(freed.pages);
+            if let Some(slots) = self.snapshots.as_mut() {
+                slots.evicted += freed.snapshots.len() as u64;
+            }
+            for slot in freed.snapshots {
+                self.free_snapshot(slot);
+            }
         }
         self.alloc.allocate(n)
     }
@@ -215,6 +337,16 @@ impl PrefixCache {
         }
         if running.is_empty() && self.tree.any_locked() {
             return Err("a node is locked while nothing runs".into());
+        }
+        if let Some(slots) = &self.snapshots {
+            let tree = self.tree.snapshot_prefixes().into_iter().map(|(_, slot)| slot);
+            let held =
+                running.iter().flat_map(|s| s.snapshots.iter().chain(&s.rolling_snapshot).map(|&(_, slot)| slot));
+            let mut all: Vec<u32> = slots.free.iter().copied().chain(tree).chain(held).collect();
+            all.sort_unstable();
+            if all != slots.all.clone().collect::<Vec<_>>() {
+                return Err(format!("snapshot slots are not each free, cached or held once: {all:?}"));
+            }
         }
         Ok(())
     }

@@ -10,6 +10,13 @@
 //! The pages of unlocked nodes (what eviction could free) are counted as locks change and nodes
 //! come and go, like SGLang's `evictable_size_`, so asking "can these pages be had" costs
 //! nothing; `check_invariants` compares the count with a full scan.
+//!
+//! Hybrid models: a node may also carry a recurrent-state snapshot (a state-pool slot), valid
+//! after exactly its last token; a prefix is usable only up to the deepest snapshot on its
+//! path ([`PrefixMatch::snapshot`]). A split leaves the snapshot with the lower node, whose end
+//! it is. Snapshots are evicted on their own, least recently used first and the deeper of equally
+//! recent ones first, so the shared system + tools snapshot every match passes through goes last;
+//! and a leaf whose end has no snapshot (KV nobody can resume from) is evicted before any other.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -28,12 +35,34 @@ struct Node {
     lock: u32,
     last_use: u64,
     alive: bool,
+    /// The state-pool slot holding the recurrent state after this node's last token.
+    snapshot: Option<u32>,
 }
 
 impl Node {
     fn new(parent: NodeId, tokens: Vec<u32>, pages: Vec<u32>, last_use: u64) -> Self {
-        Node { parent, tokens, pages, children: HashMap::new(), lock: 0, last_use, alive: true }
+        Node { parent, tokens, pages, children: HashMap::new(), lock: 0, last_use, alive: true, snapshot: None }
     }
+}
+
+/// The deepest snapshot on a matched path: where a hybrid model's sequence can resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotHit {
+    /// The node the snapshot belongs to (lock it while the prefix is used).
+    pub node: NodeId,
+    /// Tokens from the root to the node's end.
+    pub tokens: usize,
+    /// The state-pool slot holding the state.
+    pub slot: u32,
+}
+
+/// What [`RadixCache::evict`] freed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// KV pages.
+    pub pages: Vec<u32>,
+    /// State-pool slots of the evicted nodes' snapshots.
+    pub snapshots: Vec<u32>,
 }
 
 /// The result of [`RadixCache::match_prefix`].
@@ -45,6 +74,8 @@ pub struct PrefixMatch {
     pub tokens: usize,
     /// The pages holding the matched tokens, in order.
     pub pages: Vec<u32>,
+    /// The deepest snapshot at or before the match's end.
+    pub snapshot: Option<SnapshotHit>,
 }
 
 /// The result of [`RadixCache::insert`].
@@ -69,6 +100,8 @@ pub struct RadixCache {
     cached_pages: usize,
     /// Pages held by unlocked nodes, kept up to date by every change of a lock or a node.
     evictable_pages: usize,
+    /// Nodes carrying a snapshot.
+    snapshots: usize,
 }
 
 impl RadixCache {
@@ -82,6 +115,7 @@ impl RadixCache {
             clock: 0,
             cached_pages: 0,
             evictable_pages: 0,
+            snapshots: 0,
         }
     }
 
@@ -101,7 +135,63 @@ impl RadixCache {
         self.clock += 1;
         let (node, matched, pages) = self.walk(tokens);
         self.touch(node);
-        PrefixMatch { node, tokens: matched, pages }
+        PrefixMatch { node, tokens: matched, pages, snapshot: self.deepest_snapshot(node, matched) }
+    }
+
+    /// The snapshot nearest above `node` (itself included), whose end is `depth` tokens deep.
+    fn deepest_snapshot(&self, mut node: NodeId, mut depth: usize) -> Option<SnapshotHit> {
+        while node != ROOT {
+            if let Some(slot) = self.nodes[node].snapshot {
+                return Some(SnapshotHit { node, tokens: depth, slot });
+            }
+            depth -= self.nodes[node].tokens.len();
+            node = self.nodes[node].parent;
+        }
+        None
+    }
+
+    /// Snapshots the tree holds.
+    pub fn snapshots(&self) -> usize {
+        self.snapshots
+    }
+
+    /// Files `slot` as the state after `tokens` (a whole number of pages, all in the tree),
+    /// splitting an edge to end a node there. Gives the slot back when the tree cannot use it:
+    /// the prefix is not (all) cached, or its node already has an equally valid snapshot.
+    pub fn attach_snapshot(&mut self, tokens: &[u32], slot: u32) -> Result<NodeId, u32> {
+        if tokens.is_empty() || !tokens.len().is_multiple_of(self.page_size) {
+            return Err(slot);
+        }
+        let (node, matched, _) = self.walk(tokens);
+        if matched != tokens.len() || self.nodes[node].snapshot.is_some() {
+            return Err(slot);
+        }
+        self.nodes[node].snapshot = Some(slot);
+        self.snapshots += 1;
+        self.debug_check();
+        Ok(node)
+    }
+
+    /// Drops the least recently used snapshot (of equally recent ones the deepest) and returns
+    /// its slot; its node's KV stays.
+    pub fn evict_snapshot(&mut self) -> Option<u32> {
+        let depth = |mut n: NodeId| {
+            let mut d = 0;
+            while n != ROOT {
+                d += self.nodes[n].tokens.len();
+                n = self.nodes[n].parent;
+            }
+            d
+        };
+        let (id, _) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.alive && n.snapshot.is_some())
+            .map(|(id, n)| (id, (n.last_use, Reverse(depth(id)))))
+            .min_by_key(|&(_, key)| key)?;
+        self.snapshots -= 1;
+        self.nodes[id].snapshot.take()
     }
 
     /// Inserts `tokens` (cut to whole pages) whose K/V are in `pages`, and returns how much was
@@ -172,18 +262,21 @@ impl RadixCache {
         self.nodes.iter().skip(1).filter(|n| n.alive && n.lock == 0).map(|n| n.pages.len()).sum()
     }
 
-    /// Evicts unlocked leaves, least recently used first, until at least `needed` pages are
-    /// freed or nothing unlocked is left; returns the freed pages.
-    pub fn evict(&mut self, needed: usize) -> Vec<u32> {
-        let mut heap: BinaryHeap<(Reverse<u64>, NodeId)> = self
+    /// Evicts unlocked leaves, least recently used first (but leaves without a snapshot at
+    /// their end before those with one, see the module doc), until at least `needed` pages are
+    /// freed or nothing unlocked is left; returns the freed pages and snapshots.
+    pub fn evict(&mut self, needed: usize) -> Evicted {
+        let rank = |n: &Node| (n.snapshot.is_none(), Reverse(n.last_use));
+        let mut heap: BinaryHeap<((bool, Reverse<u64>), NodeId)> = self
             .nodes
             .iter()
             .enumerate()
             .skip(1)
             .filter(|(_, n)| n.alive && n.children.is_empty() && n.lock == 0)
-            .map(|(id, n)| (Reverse(n.last_use), id))
+            .map(|(id, n)| (rank(n), id))
             .collect();
         let mut freed = Vec::new();
+        let mut snapshots = Vec::new();
         while freed.len() < needed {
             let Some((_, id)) = heap.pop() else { break };
             let parent = self.nodes[id].parent;
@@ -196,14 +289,24 @@ impl RadixCache {
             self.evictable_pages -= node.pages.len();
             freed.append(&mut node.pages);
             node.tokens.clear();
+            if let Some(slot) = node.snapshot.take() {
+                snapshots.push(slot);
+                self.snapshots -= 1;
+            }
             self.free_nodes.push(id);
             let parent_node = &self.nodes[parent];
             if parent != ROOT && parent_node.children.is_empty() && parent_node.lock == 0 {
-                heap.push((Reverse(parent_node.last_use), parent));
+                heap.push((rank(parent_node), parent));
             }
         }
         self.debug_check();
-        freed
+        Evicted { pages: freed, snapshots }
+    }
+
+    /// Every snapshot with the tokens of its node's prefix (for `/v1/cache` and tests).
+    pub fn snapshot_prefixes(&self) -> Vec<(Vec<u32>, u32)> {
+        let with = self.nodes.iter().enumerate().filter(|(_, n)| n.alive && n.snapshot.is_some());
+        with.map(|(id, n)| (self.path_tokens(id), n.snapshot.expect("filtered"))).collect()
     }
 
     /// Every page the tree holds.
@@ -228,7 +331,6 @@ impl RadixCache {
         self.nodes.iter().any(|n| n.alive && n.lock > 0)
     }
 
-    #[cfg(test)]
     fn path_tokens(&self, mut id: NodeId) -> Vec<u32> {
         let mut parts = Vec::new();
         while id != ROOT {
@@ -277,6 +379,7 @@ impl RadixCache {
         let parent = self.nodes[child].parent;
         let upper_tokens = self.nodes[child].tokens[..at].to_vec();
         let upper_pages = self.nodes[child].pages[..at / p].to_vec();
+        // The snapshot stays below: it is the state after the original edge's last token.
         let mut upper = Node::new(parent, upper_tokens, upper_pages, self.nodes[child].last_use);
         upper.lock = self.nodes[child].lock;
         let lower_key = self.nodes[child].tokens[at..at + p].to_vec();
@@ -320,11 +423,12 @@ impl RadixCache {
     }
 
     /// Checks the tree's structure: edges are non-empty whole pages with one page id per page,
-    /// children are keyed by their first page, no page is held twice, and a node's lock count
-    /// covers its children's, and the evictable count matches the nodes.
+    /// children are keyed by their first page, no page or snapshot slot is held twice, a node's
+    /// lock count covers its children's, and the evictable and snapshot counts match the nodes.
     pub fn check_invariants(&self) -> Result<(), String> {
         let p = self.page_size;
         let mut seen = HashSet::new();
+        let mut slots = HashSet::new();
         let mut total = 0;
         for (id, node) in self.nodes.iter().enumerate() {
             if !node.alive {
@@ -353,10 +457,18 @@ impl RadixCache {
                     return Err(format!("page {page} is held twice"));
                 }
             }
+            if let Some(slot) = node.snapshot
+                && (id == ROOT || !slots.insert(slot))
+            {
+                return Err(format!("snapshot slot {slot} is held twice or by the root"));
+            }
             total += node.pages.len();
         }
         if total != self.cached_pages {
             return Err(format!("{total} pages in nodes but {} counted", self.cached_pages));
+        }
+        if slots.len() != self.snapshots {
+            return Err(format!("{} snapshots in nodes but {} counted", slots.len(), self.snapshots));
         }
         let evictable = self.evictable_pages_by_scan();
         if evictable != self.evictable_pages {

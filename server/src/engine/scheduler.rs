@@ -42,6 +42,11 @@ impl Scheduler {
         Scheduler { waiting: VecDeque::new(), running: Vec::new(), max_running, batch_tokens: batch_tokens.max(1) }
     }
 
+    /// Most sequences running at once.
+    pub(crate) fn max_running(&self) -> usize {
+        self.max_running
+    }
+
     /// Queues a request.
     pub(crate) fn add(&mut self, seq: Sequence) {
         self.waiting.push_back(seq);
@@ -162,7 +167,11 @@ impl Scheduler {
                 break;
             }
             let seq = &self.running[index];
-            let end = seq.tokens.len().min(seq.computed + budget);
+            let mut end = seq.tokens.len().min(seq.computed + budget);
+            // A chunk ends at the next snapshot point, so the state there can be saved.
+            if let Some(&point) = seq.snapshot_points.last().filter(|&&p| p > seq.computed) {
+                end = end.min(point);
+            }
             let wants_logits = end == seq.tokens.len();
             batch.push_with_state(&seq.tokens[seq.computed..end], end, seq.pages.clone(), wants_logits, seq.state_slot);
             budget -= end - seq.computed;

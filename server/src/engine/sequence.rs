@@ -24,6 +24,20 @@ pub(crate) struct Sequence {
     /// Hybrid models: the state pool slot holding its recurrent state while it runs.
     pub(crate) state_slot: Option<u32>,
     pub(crate) cached_tokens: usize,
+    /// How far the KV alone matched the cache (a hybrid model resumes at `cached_tokens`, the
+    /// deepest snapshot, which may be earlier).
+    pub(crate) kv_matched: usize,
+    /// Hybrid models: the snapshot slot to resume from, until it is copied into `state_slot`.
+    pub(crate) restore_from: Option<u32>,
+    /// Hybrid models: prompt positions still to snapshot, descending (the next one last);
+    /// prefill chunks end at each.
+    pub(crate) snapshot_points: Vec<usize>,
+    /// Snapshots taken (tokens, slot) and not yet filed in the tree.
+    pub(crate) snapshots: Vec<(usize, u32)>,
+    /// With pages of more than one token: the state at the last page boundary decoding crossed,
+    /// so that the end of generation (rarely on a boundary) still leaves a snapshot where its
+    /// cached KV ends.
+    pub(crate) rolling_snapshot: Option<(usize, u32)>,
     pub(crate) sampler: Sampler,
     /// The generated text, with stop strings matched in it.
     pub(crate) text: StopText,
@@ -62,6 +76,11 @@ impl Sequence {
             node: None,
             state_slot: None,
             cached_tokens: 0,
+            kv_matched: 0,
+            restore_from: None,
+            snapshot_points: Vec::new(),
+            snapshots: Vec::new(),
+            rolling_snapshot: None,
             sampler,
             text,
             request,

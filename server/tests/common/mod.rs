@@ -1,7 +1,9 @@
 //! What the engine tests share: a greedy request and running requests to the end.
 #![allow(dead_code)] // Not every test file uses every helper.
 
-use radix_serve::engine::{EngineCore, EngineEvent, GenerateRequest, SamplingParams};
+pub mod hybrid;
+
+use radix_serve::engine::{EngineCore, EngineEvent, GenerateRequest, SamplingParams, TokenLogprobs};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// A greedy request of `prompt` for `max_tokens` tokens.
@@ -20,10 +22,12 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> Generate
     }
 }
 
-/// What one request heard: its cached prompt tokens and its generated tokens.
+/// What one request heard: its cached prompt tokens, its generated tokens and (when asked for)
+/// their log-probabilities.
 pub struct Outcome {
     pub cached: usize,
     pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// Runs the requests to the end, checking the engine's invariants after every step.
@@ -44,12 +48,13 @@ pub fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outco
     receivers
         .into_iter()
         .map(|mut rx| {
-            let mut outcome = Outcome { cached: 0, tokens: Vec::new() };
+            let mut outcome = Outcome { cached: 0, tokens: Vec::new(), logprobs: Vec::new() };
             while let Ok(event) = rx.try_recv() {
                 match event {
                     EngineEvent::Started { cached_tokens, .. } => outcome.cached = cached_tokens,
                     EngineEvent::Token { id, .. } => outcome.tokens.push(id),
-                    EngineEvent::Finished { .. } | EngineEvent::Logprobs(_) => {}
+                    EngineEvent::Logprobs(l) => outcome.logprobs.push(l),
+                    EngineEvent::Finished { .. } => {}
                     EngineEvent::Failed(m) => panic!("request failed: {m}"),
                 }
             }

@@ -1,9 +1,12 @@
 //! Property test of the radix cache against a naive model (a set of token vectors): random
 //! inserts, matches, locks, unlocks and evictions agree with the model, the tree's invariants
 //! hold after every operation, the evictable count kept as locks change equals what evicting
-//! everything frees, and every page is either free or in the tree exactly once.
+//! everything frees, and every page is either free or in the tree exactly once. Snapshots ride
+//! along: each slot's "state" is the prefix it was taken after, every snapshot the tree holds
+//! sits at the end of exactly that prefix, a match resumes from the deepest one at or before its
+//! end, and no slot is lost or held twice.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::{NodeId, RadixCache};
 use crate::engine::PageAllocator;
@@ -16,6 +19,9 @@ enum Op {
     LockMatch(Vec<u32>),
     Unlock(usize),
     Evict(usize),
+    /// Snapshot the first `n` tokens of a cached sequence (picked by index).
+    Snapshot(usize, usize),
+    EvictSnapshot,
 }
 
 fn tokens() -> impl Strategy<Value = Vec<u32>> {
@@ -30,6 +36,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => tokens().prop_map(Op::LockMatch),
         2 => any::<usize>().prop_map(Op::Unlock),
         1 => (0usize..12).prop_map(Op::Evict),
+        3 => (any::<usize>(), 0usize..24).prop_map(|(i, n)| Op::Snapshot(i, n)),
+        1 => Just(Op::EvictSnapshot),
     ]
 }
 
@@ -59,6 +67,9 @@ proptest! {
         let mut alloc = PageAllocator::new(64);
         let mut cached: HashSet<Vec<u32>> = HashSet::new();
         let mut locked: Vec<(NodeId, Vec<u32>)> = Vec::new();
+        let mut free_slots: Vec<u32> = (0..8).collect();
+        // What each slot in the tree "holds": the prefix it is the state after.
+        let mut states: HashMap<u32, Vec<u32>> = HashMap::new();
         for op in ops {
             match op {
                 Op::Insert(seq) => {
@@ -80,6 +91,41 @@ proptest! {
                     let m = tree.match_prefix(&seq);
                     prop_assert_eq!(m.tokens, reference_match(&cached, &seq, page_size));
                     prop_assert_eq!(m.pages.len() * page_size, m.tokens);
+                    let deepest = states.values().filter(|s| s.len() <= m.tokens && seq.starts_with(s)).map(Vec::len).max();
+                    prop_assert_eq!(m.snapshot.map(|h| h.tokens), deepest);
+                    if let Some(hit) = m.snapshot {
+                        prop_assert_eq!(&states[&hit.slot][..], &seq[..hit.tokens]);
+                    }
+                }
+                Op::Snapshot(i, n) => {
+                    // Sorted: a set's order would differ between runs and defeat shrinking.
+                    let mut sequences: Vec<&Vec<u32>> = cached.iter().collect();
+                    sequences.sort();
+                    if sequences.is_empty() || free_slots.is_empty() {
+                        continue;
+                    }
+                    let chosen = sequences[i % sequences.len()];
+                    let prefix = chosen[..aligned(n.min(chosen.len()), page_size)].to_vec();
+                    let slot = free_slots.pop().expect("checked");
+                    let taken = states.values().any(|s| *s == prefix);
+                    match tree.attach_snapshot(&prefix, slot) {
+                        Ok(_) => {
+                            prop_assert!(!taken && !prefix.is_empty(), "attached twice or at the root");
+                            states.insert(slot, prefix);
+                        }
+                        Err(back) => {
+                            prop_assert!(taken || prefix.is_empty(), "a cached prefix refused a snapshot");
+                            free_slots.push(back);
+                        }
+                    }
+                }
+                Op::EvictSnapshot => {
+                    let oldest = tree.evict_snapshot();
+                    prop_assert_eq!(oldest.is_some(), !states.is_empty());
+                    if let Some(slot) = oldest {
+                        states.remove(&slot);
+                        free_slots.push(slot);
+                    }
                 }
                 Op::LockMatch(seq) => {
                     let m = tree.match_prefix(&seq);
@@ -99,8 +145,12 @@ proptest! {
                     let before: HashSet<Vec<u32>> = cached.clone();
                     let evictable = tree.evictable_pages();
                     let freed = tree.evict(n);
-                    prop_assert!(freed.len() >= n.min(evictable) || freed.len() == evictable);
-                    alloc.release(freed);
+                    prop_assert!(freed.pages.len() >= n.min(evictable) || freed.pages.len() == evictable);
+                    alloc.release(freed.pages);
+                    for slot in freed.snapshots {
+                        prop_assert!(states.remove(&slot).is_some(), "slot {} freed twice", slot);
+                        free_slots.push(slot);
+                    }
                     // What is left is a prefix-closed part of what was cached...
                     cached = tree.leaf_sequences().into_iter().collect();
                     for s in &cached {
@@ -114,14 +164,20 @@ proptest! {
             }
             prop_assert_eq!(tree.check_invariants(), Ok(()));
             // The incrementally kept evictable count is what evicting everything would free.
-            prop_assert_eq!(tree.evictable_pages(), tree.clone().evict(usize::MAX).len());
+            prop_assert_eq!(tree.evictable_pages(), tree.clone().evict(usize::MAX).pages.len());
             check_pages(&tree, &alloc);
+            // Every snapshot sits at the end of the prefix it was taken after.
+            let held: HashMap<u32, Vec<u32>> = tree.snapshot_prefixes().into_iter().map(|(t, s)| (s, t)).collect();
+            prop_assert_eq!(&held, &states);
+            prop_assert_eq!(free_slots.len() + states.len(), 8, "a snapshot slot was lost");
         }
         for (node, _) in locked.drain(..) {
             tree.unlock(node);
         }
         prop_assert!(!tree.any_locked(), "locks balance to zero when nothing runs");
-        alloc.release(tree.evict(usize::MAX));
+        let flushed = tree.evict(usize::MAX);
+        alloc.release(flushed.pages);
+        prop_assert_eq!(flushed.snapshots.len(), states.len(), "a flush frees every snapshot");
         prop_assert_eq!(tree.cached_pages(), 0);
         prop_assert_eq!(alloc.free_pages(), alloc.num_pages(), "every page is free after a flush");
     }
