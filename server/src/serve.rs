@@ -269,7 +269,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("radix-serve: {note}");
     }
     let pool = model.kv_pool_with_budget(page_size, sizing.budget_bytes, KvDType::F16)?;
-    if model.config().hybrid.is_some() {
+    let hybrid = model.config().hybrid.is_some();
+    if hybrid {
         let per_sequence = StatePool::slot_bytes(model.config())?;
         let sequences = args.parallel.max(1);
         eprintln!(
@@ -293,9 +294,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prefix_cache: !args.no_prefix_cache,
         max_context: context_length,
     };
+    let control_spellings = ControlSpellings::new(tokenizer.special_token_texts());
     let content_controls = match args.content_control_tokens {
         true => None,
-        false => ControlSpellings::new(tokenizer.special_token_texts()),
+        false => control_spellings.clone(),
     };
     let tokenizer = Arc::new(tokenizer);
     let engine = EngineHandle::start(EngineCore::new(model, pool, config, Arc::clone(&tokenizer)));
@@ -313,6 +315,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         admin_keys,
         log_prompts: args.log_prompts,
         content_controls,
+        hybrid,
+        control_spellings,
         keep_billing_header: args.keep_billing_header,
         browser,
         max_queue: args.max_queue.max(1),
