@@ -280,7 +280,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Snapshots are worth what they save recomputing; half the KV budget keeps dozens of them for
     // the 0.8B shape at the default budget, and host memory is committed only as they are taken.
     let state_cache_bytes = args.state_cache_mib.map_or(sizing.budget_bytes / 2, |mib| mib << 20);
-    if model.config().hybrid.is_some() {
+    let hybrid = model.config().hybrid.is_some();
+    if hybrid {
         let per_sequence = StatePool::slot_bytes(model.config())?;
         let sequences = args.parallel.max(1);
         let snapshots = if args.no_prefix_cache { 0 } else { state_cache_bytes / per_sequence.max(1) };
@@ -312,9 +313,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         state_cache_bytes,
         snapshot_interval: args.snapshot_interval.max(1),
     };
+    let control_spellings = ControlSpellings::new(tokenizer.special_token_texts());
     let content_controls = match args.content_control_tokens {
         true => None,
-        false => ControlSpellings::new(tokenizer.special_token_texts()),
+        false => control_spellings.clone(),
     };
     let tokenizer = Arc::new(tokenizer);
     let engine = EngineHandle::start(EngineCore::new(model, pool, config, Arc::clone(&tokenizer)));
@@ -332,6 +334,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         admin_keys,
         log_prompts: args.log_prompts,
         content_controls,
+        hybrid,
+        control_spellings,
         keep_billing_header: args.keep_billing_header,
         browser,
         max_queue: args.max_queue.max(1),

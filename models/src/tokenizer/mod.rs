@@ -314,16 +314,25 @@ impl Tokenizer {
         if as_text.is_empty() {
             return self.encode(text, false);
         }
-        let mut ids = Vec::new();
-        self.walk_prompt(text, as_text, |id, _| ids.push(id))?;
-        Ok(ids)
+        Ok(self.encode_prompt_with_offsets(text, as_text)?.0)
     }
 
     /// The byte offset in `text` where each token of `encode_prompt(text, as_text)` starts.
     pub fn prompt_offsets(&self, text: &str, as_text: &[Range<usize>]) -> Result<Vec<usize>> {
+        Ok(self.encode_prompt_with_offsets(text, as_text)?.1)
+    }
+
+    /// [`Tokenizer::encode_prompt`] and [`Tokenizer::prompt_offsets`] in one encoding pass: the
+    /// ids, and the byte offset in `text` where each starts. For callers that need both (a
+    /// hybrid model's snapshot points), which would otherwise encode the prompt twice.
+    pub fn encode_prompt_with_offsets(&self, text: &str, as_text: &[Range<usize>]) -> Result<(Vec<u32>, Vec<usize>)> {
+        let mut ids = Vec::new();
         let mut offsets = Vec::new();
-        self.walk_prompt(text, as_text, |_, offset| offsets.push(offset))?;
-        Ok(offsets)
+        self.walk_prompt(text, as_text, |id, offset| {
+            ids.push(id);
+            offsets.push(offset);
+        })?;
+        Ok((ids, offsets))
     }
 
     /// Calls `each(id, start offset)` for the tokens of [`Tokenizer::encode_prompt`].

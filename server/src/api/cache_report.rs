@@ -29,6 +29,9 @@ pub(crate) struct CacheContext {
     content_controls: Vec<std::ops::Range<usize>>,
     /// The tokenizer's control-token spellings, for the prompt's parts.
     pub(crate) controls: Option<radix_templates::prepare::ControlSpellings>,
+    /// Where each token of `prompt` starts in `prompt_text`, where the request needed them
+    /// already (hybrid models' snapshot points): the prompt's parts then encode it no second time.
+    pub(crate) offsets: Option<Vec<usize>>,
     /// The client asked for the report in the response (`"cache_report": true`).
     pub(crate) wanted: bool,
     /// The log line may quote the prompt around the divergence (`--log-prompts`); without it
@@ -53,6 +56,7 @@ impl CacheContext {
             prompt_text: rendered.text,
             content_controls: rendered.content_controls,
             controls: None,
+            offsets: None,
             prompt,
             wanted,
             log_prompts: false,
@@ -158,7 +162,8 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
         log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
     }
     if let Some(ctx) = context.as_ref().filter(|c| c.wanted)
-        && let Ok(offsets) = ctx.tokenizer.prompt_offsets(&ctx.prompt_text, &ctx.content_controls)
+        && let Some(offsets) =
+            ctx.offsets.clone().or_else(|| ctx.tokenizer.prompt_offsets(&ctx.prompt_text, &ctx.content_controls).ok())
         && offsets.len() == ctx.prompt.len()
     {
         json["prompt_parts"] = super::prompt_parts::prompt_parts(
@@ -189,14 +194,10 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
 /// owns the prompt from the end of message `k - 1`'s text (so its header is its own) to the
 /// end of its text. Tools are found by rendering once without them.
 fn locate(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str, offset: usize) -> Place {
-    if chat.tools.as_ref().is_some_and(|t| !t.is_empty())
-        && let Ok(without) = template.render(&ChatRequest { tools: None, ..chat.clone() })
+    if let Some(tools) = super::prompt_parts::tools_span(template, chat, prompt_text)
+        && tools.contains(&offset)
     {
-        let at = common_bytes(&without, prompt_text);
-        let added = prompt_text.len().saturating_sub(without.len());
-        if added > 0 && (at..at + added).contains(&offset) {
-            return Place { part: "tools", message: None, message_start: at };
-        }
+        return Place { part: "tools", message: None, message_start: tools.start };
     }
     let messages = &chat.messages;
     let mut start = 0;

@@ -55,10 +55,18 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     }
     let rendered = state.template.render_marked(&chat, state.content_controls.as_ref())?;
     super::request::check_prompt_bytes(rendered.text.len(), state.context_length, "the rendered prompt")?;
-    let prompt = state
-        .tokenizer
-        .encode_prompt(&rendered.text, &rendered.content_controls)
-        .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+    let failed = |e: radix_models::tokenizer::TokenizerError| ApiError::internal(format!("tokenization failed: {e}"));
+    // Snapshot points need where each token starts; only hybrid models use them.
+    let (prompt, offsets) = match state.hybrid {
+        true => {
+            let (ids, offsets) = state
+                .tokenizer
+                .encode_prompt_with_offsets(&rendered.text, &rendered.content_controls)
+                .map_err(failed)?;
+            (ids, Some(offsets))
+        }
+        false => (state.tokenizer.encode_prompt(&rendered.text, &rendered.content_controls).map_err(failed)?, None),
+    };
     let context = state.context_length;
     check_context(prompt.len(), context, "messages")?;
     let max_tokens = match fields.max_completion_tokens.or(fields.max_tokens) {
@@ -84,6 +92,15 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     let reasoning_close = format.starts_in_reasoning(&rendered.text).then(|| format.reasoning_close());
     let constraint = super::constrain::chat_constraint(&fields, format.output, reasoning_close, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
+    let snapshot_points = offsets.as_deref().map_or_else(Vec::new, |offsets| {
+        super::snapshot_points::snapshot_points(
+            &state.template,
+            &chat,
+            &rendered,
+            offsets,
+            state.control_spellings.as_ref(),
+        )
+    });
     let mut cache = super::cache_report::CacheContext::new(
         &state.template,
         &state.tokenizer,
@@ -93,6 +110,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         fields.cache_report.unwrap_or(false),
     );
     cache.log_prompts = state.log_prompts;
+    cache.offsets = offsets;
     if cache.wanted {
         cache.controls = state.content_controls.clone();
     }
@@ -106,7 +124,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         constraint,
         tenant,
         cache_namespace: output.cache_namespace(),
-        snapshot_points: Vec::new(),
+        snapshot_points,
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

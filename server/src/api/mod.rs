@@ -23,6 +23,7 @@ mod preparation;
 mod prompt_parts;
 mod reply;
 mod request;
+mod snapshot_points;
 
 use std::sync::Arc;
 
@@ -72,6 +73,12 @@ pub struct ApiState {
     /// The tokenizer's control-token spellings, which message text may write only as text;
     /// `None` with `--content-control-tokens` (or a tokenizer without special tokens).
     pub content_controls: Option<ControlSpellings>,
+    /// The served model has recurrent layers (Qwen3.5's Gated DeltaNet): a cached prefix is
+    /// reusable only up to a saved recurrent state, so chat requests carry snapshot points.
+    pub hybrid: bool,
+    /// The tokenizer's control-token spellings whatever `--content-control-tokens` says: where
+    /// message headers are, for snapshot points. `None` for a tokenizer without special tokens.
+    pub control_spellings: Option<ControlSpellings>,
     /// Keep Claude Code's billing block in Anthropic requests' system prompt
     /// (`--keep-billing-header`); by default it is left out, so the system prompt stays a prefix.
     pub keep_billing_header: bool,

@@ -45,19 +45,16 @@ fn spans(
 ) -> Vec<Span> {
     let control_starts: Vec<usize> =
         controls.map_or(Vec::new(), |c| c.find_in(prompt_text).iter().map(|r| r.start).collect());
+    let next_control = |at: usize| control_starts.iter().copied().find(|&c| c >= at).unwrap_or(at);
+    let found = find_messages(prompt_text, chat.messages.iter().map(|m| [message_text(m)]), next_control);
     let mut spans = Vec::new();
     let mut start = 0;
     let mut leading_system = true;
-    for (k, message) in chat.messages.iter().enumerate() {
+    for (k, (message, found)) in chat.messages.iter().zip(found).enumerate() {
         let role = message["role"].as_str().unwrap_or_default();
         leading_system &= matches!(role, "system" | "developer");
-        let text = message_text(message);
-        let Some(found) = prompt_text.get(start..).and_then(|rest| rest.find(&text)).filter(|_| !text.is_empty())
-        else {
-            continue;
-        };
-        let text_end = start + found + text.len();
-        let end = control_starts.iter().copied().find(|&c| c >= text_end).unwrap_or(text_end);
+        let Some(text) = found else { continue };
+        let end = next_control(text.end);
         let kind = match role {
             _ if leading_system => "system",
             "system" | "developer" => "system",
@@ -72,16 +69,55 @@ fn spans(
         start = end;
     }
     spans.push(Span { bytes: start..prompt_text.len(), kind: "generation_prompt", message: None });
-    if chat.tools.as_ref().is_some_and(|t| !t.is_empty())
-        && let Ok(without) = template.render(&ChatRequest { tools: None, ..chat.clone() })
-    {
-        let at = common_bytes(&without, prompt_text);
-        let added = prompt_text.len().saturating_sub(without.len());
-        if added > 0 {
-            spans.push(Span { bytes: at..at + added, kind: "tools", message: None });
-        }
+    if let Some(bytes) = tools_span(template, chat, prompt_text) {
+        spans.push(Span { bytes, kind: "tools", message: None });
     }
     spans
+}
+
+/// Where each message is in `prompt_text`: the byte range of the earliest occurrence of any
+/// of its `texts`, `None` where none occurs (not rendered verbatim, or empty). Messages are
+/// searched in order, each from `resume(end)` of the last one found, so that text a later
+/// message repeats is not taken for an earlier one's; a template renders each message's text
+/// verbatim, wherever it puts headers, merged system blocks or dropped reasoning.
+pub(super) fn find_messages<T: AsRef<str>>(
+    prompt_text: &str,
+    texts: impl IntoIterator<Item = impl IntoIterator<Item = T>>,
+    resume: impl Fn(usize) -> usize,
+) -> Vec<Option<Range<usize>>> {
+    let mut from = 0;
+    let mut out = Vec::new();
+    for candidates in texts {
+        let mut best: Option<Range<usize>> = None;
+        for text in candidates {
+            let text = text.as_ref();
+            // Only a match that starts before the best one so far counts: the search stops
+            // there, not at the prompt's end (a dropped reasoning text is found nowhere).
+            let limit = best.as_ref().map_or(prompt_text.len(), |b| (b.start + text.len()).saturating_sub(1));
+            let limit = (0..=limit.min(prompt_text.len())).rev().find(|&i| prompt_text.is_char_boundary(i));
+            let window = limit.and_then(|limit| prompt_text.get(from..limit)).unwrap_or_default();
+            if let Some(at) = window.find(text).filter(|_| !text.is_empty()) {
+                best = Some(from + at..from + at + text.len());
+            }
+        }
+        if let Some(range) = &best {
+            from = resume(range.end);
+        }
+        out.push(best);
+    }
+    out
+}
+
+/// The tool schemas' bytes: what `prompt_text` gains over the same request rendered without
+/// its tools (`None` without tools, or where it gains nothing).
+pub(super) fn tools_span(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Option<Range<usize>> {
+    if chat.tools.as_ref().is_none_or(|t| t.is_empty()) {
+        return None;
+    }
+    let without = template.render(&ChatRequest { tools: None, ..chat.clone() }).ok()?;
+    let at = common_bytes(&without, prompt_text);
+    let added = prompt_text.len().saturating_sub(without.len());
+    (added > 0).then_some(at..at + added)
 }
 
 /// An assistant message's reasoning and tool-call arguments, where `within` holds them verbatim.
