@@ -292,7 +292,9 @@ impl EngineCore {
                     // Placed a moment ago: its node is locked, and only a step hands out slots.
                     state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
                 }
-                seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
+                if self.cache.serves(seq.request.use_cache) {
+                    seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
+                }
             }
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).

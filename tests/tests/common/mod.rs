@@ -89,6 +89,11 @@ impl Server {
         ureq::get(&format!("{}{path}", self.base)).call().unwrap().into_json().unwrap()
     }
 
+    /// `GET path` as text (`/metrics`).
+    pub fn get_text(&self, path: &str) -> String {
+        ureq::get(&format!("{}{path}", self.base)).call().unwrap().into_string().unwrap()
+    }
+
     /// Streams a chat request and returns every `data:` payload in order.
     pub fn stream(&self, body: &Json) -> Vec<String> {
         self.stream_at("/v1/chat/completions", body)
