@@ -97,8 +97,8 @@ impl ModelFormat {
         ModelFormat::new(OutputFormat::Hermes)
     }
 
-    /// The parser options of one chat reply to `prompt_text`. `declared_tools`, where given
-    /// (`tool_choice: "auto"`), also turn a reply that is only a bare call object into a call.
+    /// The parser options of one chat reply to `prompt_text`. `declared_tools`, where given,
+    /// type Qwen XML parameters and turn a reply that is only a bare call object into a call.
     pub fn parser_options(
         &self,
         prompt_text: &str,
@@ -116,8 +116,8 @@ impl ModelFormat {
     }
 
     /// How this family writes a tool call; `None` when it has no tool-call format. Qwen XML
-    /// gets the Hermes JSON framing: its calls have no JSON object a grammar could be built
-    /// from, and its parser reads a JSON call inside `<tool_call>` as well.
+    /// shares Hermes' `<tool_call>` tags: a forced call writes its XML inside them, or, for a
+    /// tool whose schema the XML form cannot hold to, Hermes JSON, which its parser reads too.
     pub fn tool_call_framing(&self) -> Option<ToolCallFraming> {
         match self.output {
             OutputFormat::Hermes | OutputFormat::QwenXml => Some(ToolCallFraming {

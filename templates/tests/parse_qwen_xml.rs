@@ -52,7 +52,7 @@ fn the_real_template_selects_the_xml_parser_and_opens_reasoning() {
     assert!(thinking.starts_in_reasoning && thinking.format == OutputFormat::QwenXml);
     let quiet = format.parser_options(&prompt(json!({"enable_thinking": false})), "call_".into(), true, Vec::new());
     assert!(!quiet.starts_in_reasoning);
-    assert!(format.tool_call_framing().is_some(), "forced calls are written as Hermes JSON");
+    assert!(format.tool_call_framing().is_some(), "forced calls go inside Hermes' tags");
 }
 
 #[test]

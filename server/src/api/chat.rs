@@ -130,12 +130,12 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })
 }
 
-/// The declared tools, for turning a reply that is only a bare call object into a call; only
-/// under `tool_choice: "auto"` (elsewhere a grammar writes the call's framing).
+/// The declared tools, under every `tool_choice`: the Qwen XML parser reads from their schemas
+/// which parameters are strings, which a forced XML call writes as raw text (`"12"` must not
+/// come back as `12`). Under `"auto"` they also turn a reply that is only a bare call object
+/// into a call; under a forced choice the grammar writes the call's framing, so that recovery
+/// finds nothing to recover.
 fn declared_tools(fields: &ChatCompletionRequest) -> Vec<DeclaredTool> {
-    if !matches!(fields.tool_choice, None | Some(ToolChoice::Auto)) {
-        return Vec::new();
-    }
     let definitions = fields.tools.iter().flatten();
     definitions
         .map(|ToolDefinition::Function { function }| DeclaredTool {

@@ -3,11 +3,14 @@
 //!
 //! Enforced: `tool_choice: "required"` (a call to one of the tools), a named function (a call to
 //! it), `response_format` `json_object` (any JSON object) and `json_schema` (the schema). A
-//! call is written in the model's own tool-call format (`ModelFormat::tool_call_framing`), so
-//! the output parser reads it back as `tool_calls`. `"auto"` with a `response_format` lets the model choose
-//! between a call and the JSON reply; `"auto"` with tools constrains a reply only once it opens
-//! a call (a lazy grammar: framed, bare or fenced, the call must then be valid); `"none"`
-//! constrains nothing.
+//! call is written in the model's own tool-call format, so the output parser reads it back as
+//! `tool_calls`: a JSON call object in the family's framing (`ModelFormat::tool_call_framing`:
+//! Hermes' `<tool_call>` tags, Llama 3's bare objects), and for Qwen3.5's XML format its
+//! `<function=NAME>` and `<parameter=KEY>` tags inside `<tool_call>` ([`xml`]). `"auto"` with a
+//! `response_format` lets the model choose between a call and the JSON reply; `"auto"` with
+//! tools constrains a reply only once it opens a call (a lazy grammar: framed, bare or fenced
+//! JSON, the call must then be valid; Qwen3.5's XML calls stay free); `"none"` constrains
+//! nothing. Where the prompt left reasoning open, a forced reply closes it first.
 
 use std::sync::Arc;
 
@@ -19,6 +22,8 @@ use serde_json::{Value as Json, json};
 use super::ApiError;
 use super::request::{ChatCompletionRequest, ResponseFormat, ToolChoice, ToolDefinition};
 use crate::engine::{Constraint, ConstraintFactory};
+
+mod xml;
 
 /// One declared function.
 #[derive(Debug, Clone, PartialEq)]
@@ -218,6 +223,9 @@ fn call_rules(tools: &[Tool], parallel: bool, format: OutputFormat) -> Result<St
              function cannot be honoured; start the server with a --chat-template-file that shows tools",
         ));
     };
+    if format == OutputFormat::QwenXml {
+        return Ok(xml::call_rules(tools, parallel, &framing));
+    }
     let arguments_key = framing.arguments_key;
     // Lark string literals read JSON string escapes; empty framing writes nothing.
     let quoted = |text: &str| Json::from(text).to_string();

@@ -68,7 +68,8 @@
 //!
 //! * Reasoning, content, whitespace and malformed-call fallback are as for Hermes; only what
 //!   follows `<tool_call>` differs. A `{` there (after whitespace) is read as a Hermes JSON call,
-//!   which is how a grammar-forced call is written ([`crate::ModelFormat::tool_call_framing`]).
+//!   which is how a grammar forces a call whose tool schema the XML form cannot hold to
+//!   ([`crate::ModelFormat::tool_call_framing`]).
 //! * **Calls**: `<tool_call>`, whitespace, `<function=NAME>`, then any number of
 //!   `<parameter=KEY>VALUE</parameter>` separated by whitespace, `</function>`, whitespace,
 //!   `</tool_call>`. Name and key are trimmed and may hold neither `<` nor a newline.
@@ -160,9 +161,8 @@ pub struct ParserOptions {
     /// When false, tool-call markers are plain content.
     pub tools_enabled: bool,
     /// The tools the request declared, for replies that write a call as a bare JSON object
-    /// ([`recover`]); empty turns that recovery off (a `tool_choice` other than `auto`, where a
-    /// grammar writes the framing). [`OutputFormat::QwenXml`] also reads from their schemas
-    /// which parameters are strings.
+    /// ([`recover`]); empty turns that recovery off. [`OutputFormat::QwenXml`] also reads from
+    /// their schemas which parameters are strings, which a grammar-forced XML call relies on.
     pub declared_tools: Vec<DeclaredTool>,
 }
 

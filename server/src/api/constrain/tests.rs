@@ -329,3 +329,181 @@ fn a_qwen_xml_call_under_auto_stays_free() {
     }
     assert!(constraint.masking(), "a bare call opened under auto is constrained");
 }
+
+/// A tool with a free string, an integer and an optional boolean parameter.
+fn note() -> Json {
+    json!({"type": "function", "function": {"name": "write_note", "parameters": {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "count": {"type": "integer"}, "pinned": {"type": "boolean"}},
+        "required": ["text", "count"]
+    }}})
+}
+
+/// A Qwen XML call as Qwen3.5's template writes it.
+fn xml_call(name: &str, parameters: &[(&str, &str)]) -> String {
+    let body: String = parameters.iter().map(|(k, v)| format!("<parameter={k}>\n{v}\n</parameter>\n")).collect();
+    format!("<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>")
+}
+
+/// Whether the constraint of `body` takes all of `text` and may end after it.
+fn takes(body: &Json, format: OutputFormat, text: &str) -> bool {
+    let tokenizer = smollm2();
+    let mut constraint = chat_constraint(body, format, &tokenizer).unwrap().unwrap();
+    tokenizer.encode(text, false).unwrap().into_iter().all(|t| constraint.accept(t).is_ok())
+        && constraint.is_accepting()
+}
+
+/// Parses a Qwen XML reply with the body's tools declared, as the server does.
+fn xml_calls(body: &Json, text: &str) -> Vec<(String, Json)> {
+    let declared = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| radix_templates::parse::DeclaredTool {
+            name: t["function"]["name"].as_str().unwrap().to_owned(),
+            parameters: t["function"]["parameters"].clone(),
+        })
+        .collect();
+    let mut parser =
+        StreamingParser::new(ParserOptions { declared_tools: declared, ..ParserOptions::new(OutputFormat::QwenXml) });
+    let mut events = parser.push(text);
+    events.extend(parser.finish());
+    let message = radix_templates::parse::ParsedMessage::from_events(events);
+    message.tool_calls.iter().map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect()
+}
+
+/// A forced call for Qwen3.5 is its own XML, read back as the arguments the schema describes
+/// (a string that looks like a number stays a string); its JSON form inside the same tags is
+/// not what the model writes, so the grammar refuses it.
+#[test]
+fn a_forced_qwen_xml_call_is_written_as_xml() {
+    let xml = OutputFormat::QwenXml;
+    let body = json!({"tools": [note()], "tool_choice": "required"});
+    let call = xml_call("write_note", &[("text", "12"), ("count", "3")]);
+    assert!(takes(&body, xml, &call), "{call}");
+    assert_eq!(xml_calls(&body, &call), vec![("write_note".to_owned(), json!({"text": "12", "count": 3}))]);
+    let multiline =
+        xml_call("write_note", &[("text", "\nline one\n\n  \"two\" <b>\n"), ("count", "-4"), ("pinned", "true")]);
+    assert!(takes(&body, xml, &multiline), "{multiline}");
+    assert_eq!(
+        xml_calls(&body, &multiline)[0].1,
+        json!({"text": "\nline one\n\n  \"two\" <b>\n", "count": -4, "pinned": true})
+    );
+    let empty = xml_call("write_note", &[("text", ""), ("count", "0")]);
+    assert!(takes(&body, xml, &empty) && xml_calls(&body, &empty)[0].1 == json!({"text": "", "count": 0}));
+
+    let json_framed =
+        "<tool_call>\n{\"name\": \"write_note\", \"arguments\": {\"text\": \"a\", \"count\": 1}}\n</tool_call>";
+    assert!(!takes(&body, xml, json_framed), "JSON inside the tags is not Qwen3.5's format");
+    assert!(takes(&body, OutputFormat::Hermes, json_framed), "Hermes keeps its JSON calls");
+    assert!(!takes(&body, OutputFormat::Hermes, &call));
+}
+
+/// Every way a Qwen XML call can break its tool's schema is refused, as a JSON call's would be.
+#[test]
+fn a_forced_qwen_xml_call_holds_to_the_schema() {
+    let xml = OutputFormat::QwenXml;
+    let body = json!({"tools": [note(), weather()], "tool_choice": "required"});
+    let rejected = [
+        ("a missing required parameter", xml_call("write_note", &[("text", "hi")])),
+        ("an undeclared tool", xml_call("write_notes", &[("text", "hi"), ("count", "1")])),
+        ("an undeclared parameter", xml_call("write_note", &[("text", "hi"), ("count", "1"), ("color", "red")])),
+        ("a string for an integer", xml_call("write_note", &[("text", "hi"), ("count", "three")])),
+        ("a padded integer", xml_call("write_note", &[("text", "hi"), ("count", " 3")])),
+        ("a value outside an enum", xml_call("get_weather", &[("unit", "k"), ("days", "2")])),
+        ("an integer over its maximum", xml_call("get_weather", &[("unit", "c"), ("days", "12")])),
+        ("a tag that ends the value early", xml_call("write_note", &[("text", "a</function>b"), ("count", "1")])),
+        ("a flood of newlines", xml_call("write_note", &[("text", &format!("a{}b", "\n".repeat(8))), ("count", "1")])),
+        ("a flood of spaces", xml_call("write_note", &[("text", &" ".repeat(80)), ("count", "1")])),
+        ("an unclosed call", "<tool_call>\n<function=write_note>\n<parameter=text>\nhi\n</parameter>\n".to_owned()),
+    ];
+    for (what, text) in rejected {
+        assert!(!takes(&body, xml, &text), "{what} was accepted: {text}");
+    }
+    let weather_call = xml_call("get_weather", &[("unit", "f"), ("days", "9")]);
+    assert!(takes(&body, xml, &weather_call), "{weather_call}");
+    let named =
+        json!({"tools": [note(), weather()], "tool_choice": {"type": "function", "function": {"name": "write_note"}}});
+    assert!(!takes(&named, xml, &weather_call), "a named function is the only one");
+}
+
+/// Parallel calls are separated as the template separates them (a newline between
+/// `</tool_call>` and `<tool_call>`); without `parallel_tool_calls` there is one.
+#[test]
+fn parallel_qwen_xml_calls_follow_the_template() {
+    let xml = OutputFormat::QwenXml;
+    let body = json!({"tools": [note(), weather()], "tool_choice": "required"});
+    let two = format!(
+        "{}\n{}",
+        xml_call("get_weather", &[("unit", "c"), ("days", "1")]),
+        xml_call("write_note", &[("text", "x"), ("count", "2")])
+    );
+    assert!(takes(&body, xml, &two), "{two}");
+    let calls = xml_calls(&body, &two);
+    assert_eq!(calls.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), ["get_weather", "write_note"]);
+    let mut single = body.clone();
+    single["parallel_tool_calls"] = json!(false);
+    assert!(!takes(&single, xml, &two));
+    assert!(!takes(&body, xml, &two.replacen("\n<tool_call>", "\n\n<tool_call>", 1)));
+}
+
+/// Whatever a random model picks under a forced Qwen XML grammar, after the reasoning close,
+/// is a call of a declared tool with valid arguments.
+#[test]
+fn random_decoding_under_a_forced_qwen_xml_call_yields_valid_calls() {
+    let tokenizer = smollm2();
+    let body = json!({"tools": [clock(), weather()], "tool_choice": "required"});
+    for seed in 30..36 {
+        let constraint =
+            super::chat_constraint(&typed(&body).unwrap(), OutputFormat::QwenXml, Some("</think>"), &tokenizer)
+                .unwrap()
+                .unwrap();
+        let walked = walk(constraint, &tokenizer, 1.0, seed);
+        assert!(walked.ended, "seed {seed}: {:?}", walked.text);
+        let call = walked.text.strip_prefix("</think>\n\n").unwrap_or_else(|| panic!("{:?}", walked.text));
+        assert!(call.starts_with("<tool_call>\n<function=get_"), "seed {seed}: {call:?}");
+        let calls = xml_calls(&body, call);
+        assert_eq!(calls.len(), call.matches("<tool_call>").count(), "{call:?}");
+        for (name, arguments) in &calls {
+            match name.as_str() {
+                "get_weather" => check_weather(arguments),
+                "get_time" => assert!(arguments["utc"].is_boolean(), "{arguments}"),
+                other => panic!("called {other}"),
+            }
+        }
+    }
+}
+
+/// Optional parameters may be left out; bounded strings hold to their lengths; a tool whose
+/// schema the XML form cannot hold to (here a `format`) is written as JSON inside the tags,
+/// which the parser reads as well; `auto` with a `response_format` offers the XML call or the
+/// JSON reply.
+#[test]
+fn qwen_xml_grammar_edges() {
+    let xml = OutputFormat::QwenXml;
+    let tag = json!({"type": "function", "function": {"name": "tag", "parameters": {"type": "object",
+        "properties": {"label": {"type": "string", "minLength": 2, "maxLength": 4}, "note": {"type": "string"}},
+        "required": ["label"]}}});
+    let body = json!({"tools": [tag], "tool_choice": "required"});
+    assert!(takes(&body, xml, &xml_call("tag", &[("label", "abc")])));
+    assert!(takes(&body, xml, &xml_call("tag", &[("label", "ab"), ("note", "n")])));
+    assert!(!takes(&body, xml, &xml_call("tag", &[("label", "a")])));
+    assert!(!takes(&body, xml, &xml_call("tag", &[("label", "abcde")])));
+    assert!(!takes(&body, xml, &xml_call("tag", &[("note", "n"), ("label", "ab")])), "schema order");
+
+    let link = json!({"type": "function", "function": {"name": "open", "parameters": {"type": "object",
+        "properties": {"url": {"type": "string", "format": "uri"}}, "required": ["url"]}}});
+    let body = json!({"tools": [link, note()], "tool_choice": "required"});
+    let g = grammar(&body, xml).unwrap().unwrap();
+    assert!(g.contains("\"format\":\"uri\"") && g.contains("<function=write_note>"), "{g}");
+    let json_call = "<tool_call>\n{\"name\": \"open\", \"arguments\": {\"url\": \"https://a.b/c\"}}\n</tool_call>";
+    assert!(takes(&body, xml, json_call), "{g}");
+    assert_eq!(xml_calls(&body, json_call), vec![("open".to_owned(), json!({"url": "https://a.b/c"}))]);
+
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    let either = json!({"tools": [note()], "response_format": {"type": "json_schema",
+        "json_schema": {"name": "x", "schema": schema}}});
+    assert!(grammar(&either, xml).unwrap().unwrap().starts_with("start: calls | json"));
+    assert!(takes(&either, xml, &xml_call("write_note", &[("text", "t"), ("count", "1")])));
+    assert!(takes(&either, xml, "{\"a\": 5}"));
+}
