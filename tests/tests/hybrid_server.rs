@@ -2,8 +2,8 @@
 //! random fixtures (`models/tests/fixtures/tiny/qwen35*`, a toy byte vocabulary) with the real
 //! Qwen3.5 chat template (`scripts/assets.sh path qwen35_template`). Streaming chat with
 //! reasoning, a forced tool call (written in Qwen3.5's XML format), concurrent requests, and
-//! the same answer twice (no prefix is reused without its recurrent state, and state slots are
-//! reused cleanly).
+//! the same answer from a cached prefix as from a cold one (state slots reused cleanly).
+//! Prefix reuse at message boundaries itself: `hybrid_cache.rs`.
 
 mod common;
 
@@ -66,7 +66,8 @@ fn qwen35_streams_reasons_calls_tools_and_answers_alike_twice() {
     assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{usage}");
     assert!(events.iter().any(|e| e["choices"][0]["finish_reason"].is_string()), "{lines:?}");
 
-    // The same request again, twice at once: the same answer each time, nothing cached.
+    // The same request again, twice at once: the same answer each time, resumed from the
+    // snapshot the first one left.
     let plain = json!({"messages": messages, "max_tokens": 12, "temperature": 0});
     let first = chat(&server, plain.clone());
     let (a, b) = std::thread::scope(|s| {
@@ -76,7 +77,7 @@ fn qwen35_streams_reasons_calls_tools_and_answers_alike_twice() {
     });
     for again in [&a, &b] {
         assert_eq!(again["choices"][0]["message"], first["choices"][0]["message"], "greedy answers repeat");
-        assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert!(again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 50, "{again}");
     }
     let streamed = reasoning + &text("content");
     let message = &first["choices"][0]["message"];
