@@ -5,17 +5,21 @@
 #   benches/run-cache-bench.sh                 SmolLM2-135M, the `smollm2` preset
 #   MODEL=qwen3 benches/run-cache-bench.sh     the Qwen3-0.6B-shaped model, full-size workloads
 #   MODEL=qwen-coder benches/run-cache-bench.sh  Qwen2.5-Coder-0.5B-Instruct (the default model), full-size
+#   MODEL=qwen35 benches/run-cache-bench.sh    the Qwen3.5-0.8B-shaped hybrid model, `smollm2` sizes
 #
 # Builds radix-serve and cache-bench (release), takes llama-server from scripts/build-llama-cpp.sh
 # (built once, ~15-30 min, cached in ~/.cache/radix-serve/llama.cpp), the model from
 # scripts/bench-model.sh. Each server gets a fresh process per workload, never two at once.
 #
 # Environment:
-#   MODEL=smollm2 | qwen3 | qwen-coder
+#   MODEL=smollm2 | qwen3 | qwen-coder | qwen35
 #   THREADS=2            threads of each server
 #   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction)
 #   OUT=target/cache-bench/<model>   table.md, results.json, <workload>.svg, server logs
-#   EXTRA=...            more cache-bench flags (e.g. --llama-configs, --radix-args, --seed)
+#   LLAMA_CONFIGS=...    llama-server configurations, `label=flags;...` (default: the preset's)
+#   EXTRA=...            more cache-bench flags (e.g. --seed 2, --ctx 8192); split on spaces, so
+#                        a value with spaces (--radix-args, --llama-configs) cannot go here; a
+#                        flag given here overrides the preset's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +50,21 @@ case "$MODEL" in
   # The server's default model; its own template (Qwen's tool format) rides in the GGUF.
   # 1.5 GiB of f16 KV holds 4 x 32k tokens of it (12 KiB a token).
   qwen-coder) args=(--preset full --ctx 32768 --radix-args "--parallel 4 --kv-cache 1536") ;;
+  # Hybrid (Gated DeltaNet + attention): a cached prefix is reusable only where the recurrent
+  # state was saved (our snapshots, llama-server's context checkpoints). Random weights, the real
+  # Qwen3.5 tokenizer and template (from the GGUF; both servers use it). The small workload sizes
+  # because the 0.8B shape is slow on 2 cores; prompts stay under ~7k tokens, so -c 16384 is room
+  # to spare. Only 6 of its 24 layers have KV (12 KiB a token: 6 x 2 heads x 256 x K,V x 2 bytes):
+  # 768 MiB is 4 x 16k tokens of it. llama-server keeps its defaults; -lv 4 logs its checkpoint
+  # events (created, restored, erased, full re-processing), which cache-bench counts.
+  qwen35)
+    args=(--preset smollm2 --ctx 16384 --radix-args "--parallel 4 --kv-cache 768")
+    llama_configs="llama-server=-lv 4;llama-server -np 1=-np 1 -sps 0 -lv 4"
+    ;;
   *) log "unknown MODEL $MODEL"; exit 2 ;;
 esac
+llama_configs="${LLAMA_CONFIGS:-${llama_configs:-}}"
+if [ -n "$llama_configs" ]; then args+=(--llama-configs "$llama_configs"); fi
 
 # shellcheck disable=SC2086
 exec "$target_dir/release/cache-bench" compare --model "$model" --radix-serve "$target_dir/release/radix-serve" \

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use radix_benches::cache_bench::checkpoints::CheckpointCounts;
 use radix_benches::cache_bench::client::{self, Endpoint, Measurement};
 use radix_benches::cache_bench::ideal;
 use radix_benches::cache_bench::servers::{self, Program, ServerConfig, Shared};
@@ -20,6 +21,9 @@ use radix_benches::cache_bench::{Run, write_outputs};
 
 #[derive(Parser)]
 #[command(about = "Replay agent sessions against OpenAI-compatible servers and report prefix-cache reuse and TTFT")]
+// A flag given twice takes the last value, so that run-cache-bench.sh's EXTRA can override what a
+// preset set (`--ctx`, `--radix-args`, `--llama-configs`) instead of being refused.
+#[command(args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -198,7 +202,7 @@ fn run(args: RunArgs, command: &str) -> Result<()> {
     for w in args.workload.build()? {
         let ideal = ideal_for(base, args.api_key.as_deref(), &w);
         let measurements = with_ideal(client::replay(&endpoint, &w, progress(&args.label, &w.name)), &ideal);
-        runs.push(Run { server: args.label.clone(), workload: w.name.clone(), measurements });
+        runs.push(Run { server: args.label.clone(), workload: w.name.clone(), measurements, checkpoints: None });
     }
     let table = write_outputs(&args.out, &runs, None, args.workload.seed, &args.workload.sizes()?, command)?;
     println!("{table}");
@@ -256,7 +260,11 @@ fn compare(args: CompareArgs, command: &str) -> Result<()> {
             let measurements = client::replay(&endpoint, &w, progress(&c.label, &w.name));
             drop(server);
             let measurements = with_ideal(measurements, &ideal);
-            runs.push(Run { server: c.label.clone(), workload: w.name.clone(), measurements });
+            // Read after the process is gone, so its log is complete (llama-server flushes each
+            // line; radix-serve's log has no such lines and is not read).
+            let checkpoints =
+                (c.program == Program::LlamaServer).then(|| CheckpointCounts::from_log_file(&log)).flatten();
+            runs.push(Run { server: c.label.clone(), workload: w.name.clone(), measurements, checkpoints });
             // Partial results survive an interrupted comparison.
             write_outputs(&args.out, &runs, Some("radix-serve"), args.workload.seed, &args.workload.sizes()?, command)?;
         }
