@@ -43,7 +43,7 @@ pub struct ServeArgs {
     #[arg(long = "kv-cache")]
     kv_cache_mib: Option<usize>,
     /// Hybrid models (Qwen3.5): MiB of recurrent-state snapshots the prefix cache keeps, so that a
-    /// cached prefix can be resumed (default: half the KV cache budget; 0 reuses no prefix).
+    /// cached prefix can be resumed (default: as much as the KV cache budget; 0 reuses no prefix).
     #[arg(long = "state-cache")]
     state_cache_mib: Option<usize>,
     /// Hybrid models: save the recurrent state at least every this many prompt tokens, besides
@@ -277,9 +277,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("radix-serve: {note}");
     }
     let pool = model.kv_pool_with_budget(page_size, sizing.budget_bytes, KvDType::F16)?;
-    // Snapshots are worth what they save recomputing; half the KV budget keeps dozens of them for
-    // the 0.8B shape at the default budget, and host memory is committed only as they are taken.
-    let state_cache_bytes = args.state_cache_mib.map_or(sizing.budget_bytes / 2, |mib| mib << 20);
+    // As much as the KV budget: llama-server keeps up to 32 state checkpoints per slot (616 MiB
+    // for the 0.8B shape), and half the budget (19 snapshots at 768 MiB) lost an idle session's
+    // newest turns to a subagent in cache-bench. Host memory is committed only as they are taken.
+    let state_cache_bytes = args.state_cache_mib.map_or(sizing.budget_bytes, |mib| mib << 20);
     let hybrid = model.config().hybrid.is_some();
     if hybrid {
         let per_sequence = StatePool::slot_bytes(model.config())?;

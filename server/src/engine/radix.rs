@@ -14,9 +14,13 @@
 //! Hybrid models: a node may also carry a recurrent-state snapshot (a state-pool slot), valid
 //! after exactly its last token; a prefix is usable only up to the deepest snapshot on its
 //! path ([`PrefixMatch::snapshot`]). A split leaves the snapshot with the lower node, whose end
-//! it is. Snapshots are evicted on their own, least recently used first and the deeper of equally
-//! recent ones first, so the shared system + tools snapshot every match passes through goes last;
-//! and a leaf whose end has no snapshot (KV nobody can resume from) is evicted before any other.
+//! it is. Snapshots are evicted on their own by GreedyDual-Size (Cao and Irani, 1997), the cost
+//! of losing one being the tokens a resume would recompute without it: its distance to the next
+//! snapshot above. Each gets the priority `inflation + cost` when taken or resumed from, the
+//! lowest goes first and the inflation rises to it; so a 5k-token system + tools snapshot
+//! outlives many small message-to-message ones, and an idle session keeps a coarse skeleton of
+//! its history rather than losing its newest turns to a busy one. A leaf whose end has no
+//! snapshot (KV nobody can resume from) is evicted before any other leaf.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -35,8 +39,16 @@ struct Node {
     lock: u32,
     last_use: u64,
     alive: bool,
-    /// The state-pool slot holding the recurrent state after this node's last token.
-    snapshot: Option<u32>,
+    /// The state after this node's last token.
+    snapshot: Option<Snapshot>,
+}
+
+/// A node's snapshot: where its state is, and the eviction credit it was last given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Snapshot {
+    slot: u32,
+    /// The tree's inflation when the snapshot was taken or last resumed from (GreedyDual-Size).
+    credit: u64,
 }
 
 impl Node {
@@ -102,6 +114,8 @@ pub struct RadixCache {
     evictable_pages: usize,
     /// Nodes carrying a snapshot.
     snapshots: usize,
+    /// GreedyDual-Size's inflation: the priority of the last snapshot evicted.
+    snapshot_inflation: u64,
 }
 
 impl RadixCache {
@@ -116,6 +130,7 @@ impl RadixCache {
             cached_pages: 0,
             evictable_pages: 0,
             snapshots: 0,
+            snapshot_inflation: 0,
         }
     }
 
@@ -135,14 +150,22 @@ impl RadixCache {
         self.clock += 1;
         let (node, matched, pages) = self.walk(tokens);
         self.touch(node);
-        PrefixMatch { node, tokens: matched, pages, snapshot: self.deepest_snapshot(node, matched) }
+        let snapshot = self.deepest_snapshot(node, matched);
+        if let Some(hit) = snapshot {
+            // Resumed from (or about to be): its credit is renewed.
+            let inflation = self.snapshot_inflation;
+            if let Some(s) = self.nodes[hit.node].snapshot.as_mut() {
+                s.credit = inflation;
+            }
+        }
+        PrefixMatch { node, tokens: matched, pages, snapshot }
     }
 
     /// The snapshot nearest above `node` (itself included), whose end is `depth` tokens deep.
     fn deepest_snapshot(&self, mut node: NodeId, mut depth: usize) -> Option<SnapshotHit> {
         while node != ROOT {
-            if let Some(slot) = self.nodes[node].snapshot {
-                return Some(SnapshotHit { node, tokens: depth, slot });
+            if let Some(s) = self.nodes[node].snapshot {
+                return Some(SnapshotHit { node, tokens: depth, slot: s.slot });
             }
             depth -= self.nodes[node].tokens.len();
             node = self.nodes[node].parent;
@@ -166,32 +189,44 @@ impl RadixCache {
         if matched != tokens.len() || self.nodes[node].snapshot.is_some() {
             return Err(slot);
         }
-        self.nodes[node].snapshot = Some(slot);
+        self.nodes[node].snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation });
         self.snapshots += 1;
         self.debug_check();
         Ok(node)
     }
 
-    /// Drops the least recently used snapshot (of equally recent ones the deepest) and returns
-    /// its slot; its node's KV stays.
+    /// Drops the snapshot of lowest GreedyDual-Size priority (credit plus the tokens from the
+    /// next snapshot above it; see the module doc), the older credit and then the deeper one on
+    /// a tie, and returns its slot; its node's KV stays.
     pub fn evict_snapshot(&mut self) -> Option<u32> {
-        let depth = |mut n: NodeId| {
-            let mut d = 0;
-            while n != ROOT {
-                d += self.nodes[n].tokens.len();
-                n = self.nodes[n].parent;
+        // (priority, credit, deeper first) of the best candidate so far, and its node.
+        type Rank = (u64, u64, Reverse<usize>);
+        let mut best: Option<(Rank, NodeId)> = None;
+        for (id, node) in self.nodes.iter().enumerate() {
+            let Some(snapshot) = node.snapshot.filter(|_| node.alive) else { continue };
+            // Tokens up to the next snapshot above (or the root): what losing this one costs.
+            let mut gap = node.tokens.len();
+            let mut depth = gap;
+            let mut above = node.parent;
+            let mut found_above = false;
+            while above != ROOT {
+                let n = &self.nodes[above];
+                found_above |= n.snapshot.is_some();
+                if !found_above {
+                    gap += n.tokens.len();
+                }
+                depth += n.tokens.len();
+                above = n.parent;
             }
-            d
-        };
-        let (id, _) = self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.alive && n.snapshot.is_some())
-            .map(|(id, n)| (id, (n.last_use, Reverse(depth(id)))))
-            .min_by_key(|&(_, key)| key)?;
+            let key = (snapshot.credit + gap as u64, snapshot.credit, Reverse(depth));
+            if best.is_none_or(|(k, _)| key < k) {
+                best = Some((key, id));
+            }
+        }
+        let ((priority, _, _), id) = best?;
+        self.snapshot_inflation = priority;
         self.snapshots -= 1;
-        self.nodes[id].snapshot.take()
+        self.nodes[id].snapshot.take().map(|s| s.slot)
     }
 
     /// Inserts `tokens` (cut to whole pages) whose K/V are in `pages`, and returns how much was
@@ -289,8 +324,8 @@ impl RadixCache {
             self.evictable_pages -= node.pages.len();
             freed.append(&mut node.pages);
             node.tokens.clear();
-            if let Some(slot) = node.snapshot.take() {
-                snapshots.push(slot);
+            if let Some(snapshot) = node.snapshot.take() {
+                snapshots.push(snapshot.slot);
                 self.snapshots -= 1;
             }
             self.free_nodes.push(id);
@@ -306,7 +341,7 @@ impl RadixCache {
     /// Every snapshot with the tokens of its node's prefix (for `/v1/cache` and tests).
     pub fn snapshot_prefixes(&self) -> Vec<(Vec<u32>, u32)> {
         let with = self.nodes.iter().enumerate().filter(|(_, n)| n.alive && n.snapshot.is_some());
-        with.map(|(id, n)| (self.path_tokens(id), n.snapshot.expect("filtered"))).collect()
+        with.map(|(id, n)| (self.path_tokens(id), n.snapshot.expect("filtered").slot)).collect()
     }
 
     /// Every page the tree holds.
@@ -457,7 +492,7 @@ impl RadixCache {
                     return Err(format!("page {page} is held twice"));
                 }
             }
-            if let Some(slot) = node.snapshot
+            if let Some(Snapshot { slot, .. }) = node.snapshot
                 && (id == ROOT || !slots.insert(slot))
             {
                 return Err(format!("snapshot slot {slot} is held twice or by the root"));
@@ -480,3 +515,5 @@ impl RadixCache {
 
 #[cfg(test)]
 mod props;
+#[cfg(test)]
+mod snapshot_eviction;
