@@ -221,3 +221,31 @@ fn eight_interleaved_sessions_stay_within_a_tight_snapshot_budget() {
     assert!(engine.metrics().evicted_snapshots > 0, "8 sessions in 6 slots must evict snapshots");
     check_snapshot_states(arch, &alone, &engine);
 }
+
+#[test]
+fn a_prompt_branching_inside_a_message_leaves_a_snapshot_at_the_branch() {
+    let arch = "qwen35";
+    let alone = model(arch);
+    let mut engine = engine(arch, EngineConfig::new(2, 32, true, 512));
+    let mut source = Tokens(3);
+    let (system, shared) = (source.take(40), source.take(24));
+    // Three sessions whose first message starts alike and then differs (another folder's
+    // working directory inside one system text).
+    let session = |tail: Vec<u32>| {
+        let mut text = shared.clone();
+        text.extend(tail);
+        Prompt::default().message(system.clone()).message(text).ask()
+    };
+    let first = session(source.take(12));
+    let second = session(source.take(12));
+    let third = session(source.take(12));
+    let mut cached = Vec::new();
+    for p in [&first, &second, &third] {
+        let outcome = run(&mut engine, vec![p.request()]);
+        check_against_cold(arch, &alone, std::slice::from_ref(p), &outcome);
+        cached.push(outcome[0].cached);
+    }
+    // The second resumes at the message boundary (40) though its KV matched to the branch (64);
+    // the third resumes at the branch, from the snapshot the second left there.
+    assert_eq!(cached, vec![0, 40, 64], "resumed at");
+}

@@ -449,16 +449,23 @@ impl EngineCore {
 
 /// Where a hybrid sequence's prefill saves its state: the request's structural points (message
 /// boundaries, from the API), one every `interval` tokens between them so a long message is not
-/// recomputed whole, and all but the last prompt token when the request named none (a raw
-/// prompt sent again then reuses everything). Each rounded down to a page boundary (a prefix is
-/// reused in whole pages anyway), past what is cached; descending, the next one last.
+/// recomputed whole, all but the last prompt token when the request named none (a raw prompt
+/// sent again then reuses everything), and where its KV match ended when that was past the
+/// snapshot it resumed from: a branch point the traffic has shown (a session in another folder
+/// whose system prompt differs inside one message), so the next prompt branching there resumes
+/// there. Each rounded down to a page boundary (a prefix is reused in whole pages anyway), past
+/// what is cached; descending, the next one last.
 fn snapshot_points(seq: &Sequence, page_size: usize, interval: usize) -> Vec<usize> {
     let reusable = seq.prompt_len - 1;
     let mut marks: Vec<usize> = seq.request.snapshot_points.iter().copied().filter(|&p| p <= reusable).collect();
     if marks.is_empty() {
         marks.push(reusable);
     }
+    if seq.kv_matched > seq.cached_tokens {
+        marks.push(seq.kv_matched);
+    }
     marks.sort_unstable();
+    marks.dedup();
     let mut points = Vec::new();
     let mut previous = 0;
     for mark in marks {
