@@ -4,7 +4,8 @@
 //! radix-serve on its default model, Qwen2.5-Coder-0.5B-Instruct.
 //!
 //! What must hold, read from `opencode export`: the model calls OpenCode's `read` tool on the
-//! file (a tool part, and at least one call completes: its result goes back to the model), the
+//! file (a tool part, and at least one call finishes: its result, or the tool's error about the
+//! arguments the model chose, goes back to the model), the
 //! session runs several requests, and from the second request on each reports cached prompt
 //! tokens (`tokens.cache.read > 0`): OpenCode's 7k-token system prompt and tool schemas are
 //! prefilled once. Whether the 0.5B model then writes a final answer is not asserted: it often
@@ -133,7 +134,11 @@ fn opencode_reads_a_file_through_radix_serve_and_hits_the_cache() {
         reads.iter().any(|p| p["state"]["input"]["filePath"].as_str() == notes.to_str()),
         "the model calls read on the file: {export}"
     );
-    assert!(reads.iter().any(|p| p["state"]["status"] == "completed"), "a read completes: {export}");
+    // Finished either way, its output or its error went back to the model in the next request.
+    // Whether the 0.5B model asks for a sane line range is not the server's doing: sampled, it
+    // now and then passes an offset past the file's end (and greedy, it always does).
+    let finished = |p: &&Json| matches!(p["state"]["status"].as_str(), Some("completed" | "error"));
+    assert!(reads.iter().any(finished), "a read finishes: {export}");
     for (i, message) in assistant.iter().enumerate().skip(1) {
         let read = message["info"]["tokens"]["cache"]["read"].as_u64().unwrap_or(0);
         assert!(read > 0, "request {i} of the session reads the cache: {}", message["info"]);
