@@ -87,8 +87,8 @@ impl PrefixCache {
         self.snapshots.as_ref().map_or(0, |s| s.evicted)
     }
 
-    /// A slot to save a snapshot in: a free one, else the least recently used snapshot's
-    /// (see [`RadixCache::evict_snapshot`]); `None` when every slot is held by running sequences.
+    /// A slot to save a snapshot in: a free one, else that of the snapshot GreedyDual-Size ranks
+    /// lowest (see [`RadixCache::evict_snapshot`]); `None` when every slot is held by running sequences.
     pub(crate) fn take_snapshot_slot(&mut self) -> Option<u32> {
         let slots = self.snapshots.as_mut()?;
         if let Some(slot) = slots.free.pop() {

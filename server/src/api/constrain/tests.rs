@@ -71,6 +71,17 @@ fn check_weather(arguments: &Json) {
     assert!((1..=9).contains(&arguments["days"].as_i64().unwrap()), "{arguments}");
 }
 
+/// Every call is of one of the two declared tools, with valid arguments.
+fn check_calls(calls: &[(String, Json)]) {
+    for (name, arguments) in calls {
+        match name.as_str() {
+            "get_weather" => check_weather(arguments),
+            "get_time" => assert!(arguments["utc"].is_boolean(), "{arguments}"),
+            other => panic!("called {other}"),
+        }
+    }
+}
+
 #[test]
 fn free_requests_have_no_grammar() {
     let hermes = OutputFormat::Hermes;
@@ -252,13 +263,7 @@ fn random_decoding_in_llama3_format_parses_as_parallel_calls() {
         assert!(!calls.is_empty(), "{:?}", out.text);
         // Every call the grammar let through is whole and valid, however many there are.
         assert_eq!(calls.len(), out.text.matches("{\"name\": ").count(), "{:?}", out.text);
-        for (name, arguments) in &calls {
-            match name.as_str() {
-                "get_weather" => check_weather(arguments),
-                "get_time" => assert!(arguments["utc"].is_boolean(), "{arguments}"),
-                other => panic!("called {other}"),
-            }
-        }
+        check_calls(&calls);
     }
 }
 
@@ -464,13 +469,7 @@ fn random_decoding_under_a_forced_qwen_xml_call_yields_valid_calls() {
         assert!(call.starts_with("<tool_call>\n<function=get_"), "seed {seed}: {call:?}");
         let calls = xml_calls(&body, call);
         assert_eq!(calls.len(), call.matches("<tool_call>").count(), "{call:?}");
-        for (name, arguments) in &calls {
-            match name.as_str() {
-                "get_weather" => check_weather(arguments),
-                "get_time" => assert!(arguments["utc"].is_boolean(), "{arguments}"),
-                other => panic!("called {other}"),
-            }
-        }
+        check_calls(&calls);
     }
 }
 
