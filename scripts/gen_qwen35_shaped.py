@@ -15,6 +15,12 @@ Shapes (`--shape`):
                (what the MoE kernels are measured on: routing, 8 experts' matmuls) is the real
                model's. Tokens/s are not the real model's; ratios against llama.cpp on the same
                file are what count.
+  qwen35-mini  Qwen3.5's structure, tokenizer and template at a few percent of the 0.8B's cost
+               per token (4 layers, hidden 256, one full-attention layer with 2 query / 1 KV
+               heads of dim 256, linear layers with 2 key / 2 value heads of dim 128): for
+               replaying cache workloads in a minute (cache-bench `--model` with it), where what
+               counts is which tokens are prefilled, not how fast; `--state-cache` and
+               `--kv-cache` then set how many snapshots and pages the replay has.
 The weights are random, so the model writes nonsense, but it tokenizes, renders and runs like
 the real one, at the same cost per layer.
 
@@ -108,7 +114,19 @@ QWEN3MOE_30B_2L = {
     "vocab_size": 151936,
 }
 
-SHAPES = {"qwen35-0.8b": QWEN35_08B, "qwen3moe-30b-a3b-2l": QWEN3MOE_30B_2L}
+QWEN35_MINI = dict(
+    QWEN35_08B,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+)
+
+SHAPES = {"qwen35-0.8b": QWEN35_08B, "qwen35-mini": QWEN35_MINI, "qwen3moe-30b-a3b-2l": QWEN3MOE_30B_2L}
 
 
 def write_checkpoint(d: Path, c: dict, seed: int, tokenizer: Path) -> None:

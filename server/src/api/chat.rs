@@ -92,7 +92,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     let reasoning_close = format.starts_in_reasoning(&rendered.text).then(|| format.reasoning_close());
     let constraint = super::constrain::chat_constraint(&fields, format.output, reasoning_close, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
-    let snapshot_points = offsets.as_deref().map_or_else(Vec::new, |offsets| {
+    let snapshot_points = offsets.as_deref().map_or_else(Default::default, |offsets| {
         super::snapshot_points::snapshot_points(
             &state.template,
             &chat,
@@ -124,7 +124,8 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         constraint,
         tenant,
         cache_namespace: output.cache_namespace(),
-        snapshot_points,
+        snapshot_points: snapshot_points.all,
+        expected_points: snapshot_points.expected,
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

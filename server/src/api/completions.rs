@@ -57,6 +57,7 @@ pub(super) fn text_spec(
         tenant,
         cache_namespace: output.cache_namespace(),
         snapshot_points: Vec::new(),
+        expected_points: Vec::new(),
     };
     Ok(GenerationSpec { request, parser: plain_parser(), cache: None })
 }

@@ -17,6 +17,8 @@
 //! - where no control token separates a message from the previous one (leading system
 //!   messages merged into one block), the message text's start: OpenCode's second system
 //!   message holds the working directory, and a session in another folder keeps the first;
+//! - inside a system message, the start of an `<env>` block (OpenCode's and Claude Code's
+//!   working directory, platform and date), where one system text does both jobs;
 //! - where what follows the last message begins (the next request may go on in the same turn:
 //!   Qwen3.5 renders consecutive tool results in one user turn), and the header of the reply's
 //!   turn (the next request goes on after the reply, with what the template writes after the
@@ -25,6 +27,16 @@
 //! No point goes inside an assistant message at its reasoning: a template that drops reasoning
 //! drops it from the header on, so the next prompt has diverged before it; one that keeps it
 //! renders the turn alike, and a point there would cost a snapshot no later prompt stops at.
+//!
+//! Some of these are *expected* points, where a later request is expected to resume, and the
+//! engine keeps their snapshots over the others (`engine/radix/snapshots.rs`): the system
+//! block's (the tools end, each system message, the `<env>` block, the first message after
+//! the system block; sessions and subagents share them), the generation prompt's, and where
+//! the next user turn diverges. That last one is found by rendering the request with one more
+//! user message: a template that re-renders history when a new user query arrives (Qwen3.5
+//! drops the reasoning of every turn before it) diverges from this prompt inside the history,
+//! and the next turn resumes there or at the header of the message it diverges in. Every other
+//! message header is needed only until the conversation's next request goes past it.
 //!
 //! A byte position maps to the tokens that end at or before it: a token straddling it holds
 //! text on both sides, so the state after it is not the state at the boundary. The engine
@@ -37,32 +49,53 @@ use radix_templates::ChatRequest;
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate, RenderedPrompt};
 use serde_json::Value as Json;
 
-use super::cache_report::message_text;
+use super::cache_report::{common_bytes, message_text};
 use super::prompt_parts::{find_messages, tools_span};
 
-/// The snapshot points of a chat prompt: token positions, ascending, each in
-/// `1..offsets.len()`. `chat` is the request `rendered` was rendered from, `offsets` the byte
-/// offset where each of its tokens starts (`Tokenizer::encode_prompt_with_offsets`), and
-/// `controls` the tokenizer's control-token spellings (without them, messages start at their
-/// text). Costs one render more when the request has tools.
+/// A chat prompt's snapshot points, as token positions, ascending, each in `1..tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SnapshotPoints {
+    /// Every point (`GenerateRequest::snapshot_points`).
+    pub all: Vec<usize>,
+    /// Those where a later request is expected to resume (`GenerateRequest::expected_points`).
+    pub expected: Vec<usize>,
+}
+
+/// The snapshot points of a chat prompt. `chat` is the request `rendered` was rendered from,
+/// `offsets` the byte offset where each of its tokens starts
+/// (`Tokenizer::encode_prompt_with_offsets`), and `controls` the tokenizer's control-token
+/// spellings (without them, messages start at their text). Costs one render more, two when the
+/// request has tools.
 pub(crate) fn snapshot_points(
     template: &PreparedTemplate,
     chat: &ChatRequest,
     rendered: &RenderedPrompt,
     offsets: &[usize],
     controls: Option<&ControlSpellings>,
-) -> Vec<usize> {
-    let bytes = boundaries(template, chat, rendered, controls);
-    token_positions(&bytes, offsets, rendered.text.len())
+) -> SnapshotPoints {
+    let points = boundaries(template, chat, rendered, controls);
+    let positions = |expected_only: bool| {
+        let bytes: Vec<usize> = points.iter().filter(|p| p.expected || !expected_only).map(|p| p.byte).collect();
+        token_positions(&bytes, offsets, rendered.text.len())
+    };
+    SnapshotPoints { all: positions(false), expected: positions(true) }
 }
 
-/// The byte positions of the points (see the module docs), unordered and possibly repeated.
+/// A point as a byte of the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BytePoint {
+    byte: usize,
+    /// A later request is expected to resume here (see the module docs).
+    expected: bool,
+}
+
+/// The points (see the module docs), unordered and possibly repeated.
 fn boundaries(
     template: &PreparedTemplate,
     chat: &ChatRequest,
     rendered: &RenderedPrompt,
     controls: Option<&ControlSpellings>,
-) -> Vec<usize> {
+) -> Vec<BytePoint> {
     let text = &rendered.text;
     // A control token the request's own text spelled is encoded as text and opens no turn.
     let controls: Vec<Range<usize>> = controls
@@ -70,21 +103,53 @@ fn boundaries(
         .into_iter()
         .filter(|r| !rendered.content_controls.contains(r))
         .collect();
-    let mut points = Vec::with_capacity(chat.messages.len() + 3);
-    points.extend(tools_span(template, chat, text).map(|tools| tools.end));
+    let expected = |byte| BytePoint { byte, expected: true };
+    let mut points = Vec::with_capacity(chat.messages.len() + 5);
+    points.extend(tools_span(template, chat, text).map(|tools| expected(tools.end)));
     // Searched from the previous text's end, not from the control token after it as the parts
     // do: a merged system message follows the previous one with no control token between.
     let found = find_messages(text, chat.messages.iter().map(anchors), |end| end);
+    let mut headers = Vec::with_capacity(found.len());
+    let mut in_system_block = true;
     let mut previous_end = 0;
-    for range in found.into_iter().flatten() {
-        points.push(header(&controls, previous_end, range.start));
+    for (message, range) in chat.messages.iter().zip(found) {
+        let Some(range) = range else { continue };
+        let system = message["role"] == "system";
+        let at = header(&controls, previous_end, range.start);
+        // The first message after the system block ends what sessions share.
+        points.push(BytePoint { byte: at, expected: in_system_block });
+        in_system_block &= system;
+        if system {
+            points.extend(text[range.clone()].match_indices(ENV_BLOCK).map(|(i, _)| expected(range.start + i)));
+        }
+        headers.push(at);
         previous_end = range.end;
     }
     let next = controls.partition_point(|c| c.start < previous_end);
     let generation = controls.get(next).map_or(previous_end, |c| c.start);
-    points.push(generation);
-    points.extend(controls[next..].last().map(|c| c.start));
+    points.push(BytePoint { byte: generation, expected: false });
+    points.extend(controls[next..].last().map(|c| expected(c.start)));
+    if let Some(diverges) = next_user_turn_divergence(template, chat, text).filter(|&d| d < previous_end) {
+        // The divergence itself (where an earlier request's generation-prompt snapshot may lie)
+        // and the header of its message.
+        points.push(expected(diverges));
+        let resumes = headers.partition_point(|&h| h <= diverges);
+        points.extend(headers[..resumes].last().map(|&h| expected(h)));
+    }
     points
+}
+
+/// How an environment block opens in a system prompt (OpenCode, Claude Code).
+const ENV_BLOCK: &str = "<env>";
+
+/// The first byte where `prompt_text` and the same request with one more user message differ:
+/// where the conversation's next user turn diverges from this prompt (`None` if the template
+/// does not render the longer request).
+fn next_user_turn_divergence(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Option<usize> {
+    let mut messages = chat.messages.clone();
+    messages.push(serde_json::json!({"role": "user", "content": "?"}));
+    let next = template.render(&ChatRequest { messages, ..chat.clone() }).ok()?;
+    Some(common_bytes(&next, prompt_text))
 }
 
 /// The texts that may mark where a message is, as [`find_messages`] takes them: its text, and

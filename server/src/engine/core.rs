@@ -449,8 +449,9 @@ impl EngineCore {
 
 /// Where a hybrid sequence's prefill saves its state: the request's structural points (message
 /// boundaries, from the API), one every `interval` tokens between them so a long message is not
-/// recomputed whole, all but the last prompt token when the request named none (a raw prompt
-/// sent again then reuses everything), and where its KV match ended when that was past the
+/// recomputed whole, all but the last prompt token (the same prompt sent again resumes there,
+/// and so does the next turn of a template that writes the reply's start in other tokens than
+/// the generation prompt's last), and where its KV match ended when that was past the
 /// snapshot it resumed from: a branch point the traffic has shown (a session in another folder
 /// whose system prompt differs inside one message), so the next prompt branching there resumes
 /// there. Each rounded down to a page boundary (a prefix is reused in whole pages anyway), past
@@ -458,9 +459,7 @@ impl EngineCore {
 fn snapshot_points(seq: &Sequence, page_size: usize, interval: usize) -> Vec<usize> {
     let reusable = seq.prompt_len - 1;
     let mut marks: Vec<usize> = seq.request.snapshot_points.iter().copied().filter(|&p| p <= reusable).collect();
-    if marks.is_empty() {
-        marks.push(reusable);
-    }
+    marks.push(reusable);
     if seq.kv_matched > seq.cached_tokens {
         marks.push(seq.kv_matched);
     }

@@ -114,7 +114,7 @@ impl PrefixCache {
         for (len, slot) in std::mem::take(&mut seq.snapshots) {
             if len > upto {
                 later.push((len, slot));
-            } else if let Err(slot) = self.tree.attach_snapshot(&seq.cache_key(len), slot) {
+            } else if let Err(slot) = self.tree.attach_snapshot(&seq.cache_key(len), slot, seq.expects_resume_at(len)) {
                 self.free_snapshot(slot);
             }
         }
@@ -183,6 +183,10 @@ impl PrefixCache {
         if self.serves(seq.request.use_cache) {
             let m = self.tree.match_prefix(&seq.cache_key(seq.prompt_len - 1));
             kv_matched = m.tokens;
+            if self.snapshots.is_some() {
+                seq.expected_points = expected_points(seq, self.page_size);
+                self.tree.mark_expected(m.node, m.tokens, &seq.expected_points);
+            }
             match (&self.snapshots, m.snapshot) {
                 (None, _) => (node, cached, pages) = (Some(m.node), m.tokens, m.pages),
                 (Some(_), Some(hit)) => {
@@ -350,4 +354,16 @@ impl PrefixCache {
         }
         Ok(())
     }
+}
+
+/// A sequence's expected points (`GenerateRequest::expected_points`) and its prompt's
+/// all-but-last token (where the same prompt sent again resumes, and where the next turn does
+/// when the template writes the reply's start differently, merging the last prompt token with
+/// what follows), rounded down to whole pages, ascending.
+fn expected_points(seq: &Sequence, page_size: usize) -> Vec<usize> {
+    let named = seq.request.expected_points.iter().copied().filter(|&p| p < seq.prompt_len);
+    let mut points: Vec<usize> = named.chain([seq.prompt_len - 1]).map(|p| p / page_size * page_size).collect();
+    points.sort_unstable();
+    points.dedup();
+    points
 }

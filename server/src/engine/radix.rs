@@ -18,9 +18,12 @@
 //! of losing one being the tokens a resume would recompute without it: its distance to the next
 //! snapshot above. Each gets the priority `inflation + cost` when taken or resumed from, the
 //! lowest goes first and the inflation rises to it; so a 5k-token system + tools snapshot
-//! outlives many small message-to-message ones, and an idle session keeps a coarse skeleton of
-//! its history rather than losing its newest turns to a busy one. A leaf whose end has no
-//! snapshot (KV nobody can resume from) is evicted before any other leaf.
+//! outlives many small message-to-message ones. Before any of that, a snapshot that a deeper
+//! one on the same unbranched path makes redundant goes first, unless the last request through
+//! it expected a later one to resume there (`radix/snapshots.rs`): an idle session keeps its
+//! tip and the points its next turn diverges at rather than losing them to a busy session's
+//! intermediate message boundaries. A leaf whose end has no snapshot (KV nobody can resume
+//! from) is evicted before any other leaf.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -43,12 +46,16 @@ struct Node {
     snapshot: Option<Snapshot>,
 }
 
-/// A node's snapshot: where its state is, and the eviction credit it was last given.
+/// A node's snapshot: where its state is, and what its eviction weighs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Snapshot {
     slot: u32,
-    /// The tree's inflation when the snapshot was taken or last resumed from (GreedyDual-Size).
+    /// The tree's inflation when the snapshot was taken, last resumed from, or last named
+    /// expected (GreedyDual-Size).
     credit: u64,
+    /// The last request whose prefix runs through it named it as a point where a later request
+    /// is expected to resume ([`RadixCache::mark_expected`]).
+    expected: bool,
 }
 
 impl Node {
@@ -152,81 +159,10 @@ impl RadixCache {
         self.touch(node);
         let snapshot = self.deepest_snapshot(node, matched);
         if let Some(hit) = snapshot {
-            // Resumed from (or about to be): its credit is renewed.
-            let inflation = self.snapshot_inflation;
-            if let Some(s) = self.nodes[hit.node].snapshot.as_mut() {
-                s.credit = inflation;
-            }
+            // Resumed from (or about to be).
+            self.renew_snapshot(hit.node);
         }
         PrefixMatch { node, tokens: matched, pages, snapshot }
-    }
-
-    /// The snapshot nearest above `node` (itself included), whose end is `depth` tokens deep.
-    fn deepest_snapshot(&self, mut node: NodeId, mut depth: usize) -> Option<SnapshotHit> {
-        while node != ROOT {
-            if let Some(s) = self.nodes[node].snapshot {
-                return Some(SnapshotHit { node, tokens: depth, slot: s.slot });
-            }
-            depth -= self.nodes[node].tokens.len();
-            node = self.nodes[node].parent;
-        }
-        None
-    }
-
-    /// Snapshots the tree holds.
-    pub fn snapshots(&self) -> usize {
-        self.snapshots
-    }
-
-    /// Files `slot` as the state after `tokens` (a whole number of pages, all in the tree),
-    /// splitting an edge to end a node there. Gives the slot back when the tree cannot use it:
-    /// the prefix is not (all) cached, or its node already has an equally valid snapshot.
-    pub fn attach_snapshot(&mut self, tokens: &[u32], slot: u32) -> Result<NodeId, u32> {
-        if tokens.is_empty() || !tokens.len().is_multiple_of(self.page_size) {
-            return Err(slot);
-        }
-        let (node, matched, _) = self.walk(tokens);
-        if matched != tokens.len() || self.nodes[node].snapshot.is_some() {
-            return Err(slot);
-        }
-        self.nodes[node].snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation });
-        self.snapshots += 1;
-        self.debug_check();
-        Ok(node)
-    }
-
-    /// Drops the snapshot of lowest GreedyDual-Size priority (credit plus the tokens from the
-    /// next snapshot above it; see the module doc), the older credit and then the deeper one on
-    /// a tie, and returns its slot; its node's KV stays.
-    pub fn evict_snapshot(&mut self) -> Option<u32> {
-        // (priority, credit, deeper first) of the best candidate so far, and its node.
-        type Rank = (u64, u64, Reverse<usize>);
-        let mut best: Option<(Rank, NodeId)> = None;
-        for (id, node) in self.nodes.iter().enumerate() {
-            let Some(snapshot) = node.snapshot.filter(|_| node.alive) else { continue };
-            // Tokens up to the next snapshot above (or the root): what losing this one costs.
-            let mut gap = node.tokens.len();
-            let mut depth = gap;
-            let mut above = node.parent;
-            let mut found_above = false;
-            while above != ROOT {
-                let n = &self.nodes[above];
-                found_above |= n.snapshot.is_some();
-                if !found_above {
-                    gap += n.tokens.len();
-                }
-                depth += n.tokens.len();
-                above = n.parent;
-            }
-            let key = (snapshot.credit + gap as u64, snapshot.credit, Reverse(depth));
-            if best.is_none_or(|(k, _)| key < k) {
-                best = Some((key, id));
-            }
-        }
-        let ((priority, _, _), id) = best?;
-        self.snapshot_inflation = priority;
-        self.snapshots -= 1;
-        self.nodes[id].snapshot.take().map(|s| s.slot)
     }
 
     /// Inserts `tokens` (cut to whole pages) whose K/V are in `pages`, and returns how much was
@@ -512,6 +448,8 @@ impl RadixCache {
         Ok(())
     }
 }
+
+mod snapshots;
 
 #[cfg(test)]
 mod props;

@@ -35,6 +35,11 @@ pub struct GenerateRequest {
     /// (ARCHITECTURE.md §3). Empty is fine: the engine adds its own points (interval, prompt
     /// end, generation end).
     pub snapshot_points: Vec<usize>,
+    /// Hybrid models: of `snapshot_points`, those where a later request is expected to resume
+    /// (ascending): the shared system and tools block, where the next user turn re-renders the
+    /// history, the generation prompt. Their snapshots are given up after every redundant one
+    /// (`radix/snapshots.rs`).
+    pub expected_points: Vec<usize>,
 }
 
 /// A part of the prefix cache: requests of one namespace share cached prefixes, requests of

@@ -32,6 +32,9 @@ pub(crate) struct Sequence {
     /// Hybrid models: prompt positions still to snapshot, descending (the next one last);
     /// prefill chunks end at each.
     pub(crate) snapshot_points: Vec<usize>,
+    /// Hybrid models: the request's expected points and the prompt's all-but-last token, in
+    /// whole pages, ascending: snapshots there are filed as expected.
+    pub(crate) expected_points: Vec<usize>,
     /// Snapshots taken (tokens, slot) and not yet filed in the tree.
     pub(crate) snapshots: Vec<(usize, u32)>,
     /// With pages of more than one token: the state at the last page boundary decoding crossed,
@@ -79,6 +82,7 @@ impl Sequence {
             kv_matched: 0,
             restore_from: None,
             snapshot_points: Vec::new(),
+            expected_points: Vec::new(),
             snapshots: Vec::new(),
             rolling_snapshot: None,
             sampler,
@@ -89,6 +93,13 @@ impl Sequence {
             admitted: None,
             first_token: None,
         }
+    }
+
+    /// Whether a snapshot after the first `len` tokens is one a later request is expected to
+    /// resume from: an expected point, or past the prompt (the reply's end, where the next turn
+    /// goes on when the agent sends the reply back).
+    pub(crate) fn expects_resume_at(&self, len: usize) -> bool {
+        len >= self.prompt_len || self.expected_points.binary_search(&len).is_ok()
     }
 
     /// Tokens generated so far.

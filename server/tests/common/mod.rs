@@ -19,6 +19,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> Generate
         tenant: Default::default(),
         cache_namespace: Default::default(),
         snapshot_points: Vec::new(),
+        expected_points: Vec::new(),
     }
 }
 

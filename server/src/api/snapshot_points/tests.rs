@@ -34,6 +34,7 @@ struct Prompt {
     ids: Vec<u32>,
     offsets: Vec<usize>,
     points: Vec<usize>,
+    expected: Vec<usize>,
 }
 
 impl Prompt {
@@ -49,7 +50,7 @@ fn prompt(body: &Json) -> Prompt {
     let rendered = q.template.render_marked(&chat, Some(&q.controls)).unwrap();
     let (ids, offsets) = q.tokenizer.encode_prompt_with_offsets(&rendered.text, &rendered.content_controls).unwrap();
     let points = snapshot_points(&q.template, &chat, &rendered, &offsets, Some(&q.controls));
-    Prompt { text: rendered.text, ids, offsets, points }
+    Prompt { text: rendered.text, ids, offsets, points: points.all, expected: points.expected }
 }
 
 fn tools() -> Json {
@@ -231,4 +232,43 @@ fn assistant_turns_are_found_by_what_the_template_renders_of_them() {
     let p = prompt(&body(messages));
     let assistant = p.text.find("<|im_start|>assistant\nIt prints").unwrap();
     assert!(p.points.contains(&p.token_at(assistant)), "{:?}", p.points);
+}
+
+/// What a later request is expected to resume from: the system block, the first message after
+/// it, where the next user turn diverges (Qwen3.5 drops the reasoning of the turn's first
+/// assistant message), and the generation prompt; not the boundaries in between.
+#[test]
+fn the_system_block_the_next_user_turn_and_the_generation_prompt_are_expected() {
+    let mut messages = first_turn("/home/alice/alpha");
+    messages
+        .push(assistant_calling("Check the build too.", vec![call("c2", "bash", json!({"command": "cargo build"}))]));
+    messages.push(tool("c2", "Finished dev profile"));
+    let p = prompt(&body(messages.clone()));
+    assert!(p.expected.iter().all(|e| p.points.contains(e)), "expected points are points");
+    let headers: Vec<usize> = p.text.match_indices("<|im_start|>").map(|(at, _)| p.token_at(at)).collect();
+    // system, user, assistant, tool result (user turn), assistant, tool result, the reply's.
+    assert_eq!(headers.len(), 7, "{}", p.text);
+    let tools_end = p.token_at(p.text.find("</IMPORTANT>\n\n").unwrap() + "</IMPORTANT>\n\n".len());
+    let second_system = p.token_at(p.text.find("Working directory:").unwrap());
+    // Where the next user turn diverges: inside the first assistant turn, just after its header.
+    let diverges: Vec<usize> = p.expected.iter().copied().filter(|&e| headers[2] < e && e < headers[3]).collect();
+    assert_eq!(diverges.len(), 1, "{:?}", p.expected);
+    let mut wanted = vec![tools_end, second_system, headers[1], headers[2], diverges[0], headers[6]];
+    wanted.sort_unstable();
+    assert_eq!(p.expected, wanted, "{}", p.text);
+    // The next user turn does diverge there.
+    messages.push(json!({"role": "assistant", "content": "It builds."}));
+    messages.push(user("Now add a test."));
+    let next = prompt(&body(messages));
+    let common = common_prefix(&p, &next);
+    assert!(diverges[0] <= common && common < diverges[0] + 4, "diverges at {common}, expected {}", diverges[0]);
+    assert!(headers[2] <= common && common < headers[3], "diverges in the first assistant turn: {common}");
+}
+
+#[test]
+fn an_env_block_inside_one_system_message_is_an_expected_point() {
+    let text = "You are a coding agent.\n\n<env>\nWorking directory: /home/alice/alpha\n</env>";
+    let p = prompt(&json!({"messages": [{"role": "system", "content": text}, user("Hi")], "tools": tools()}));
+    let env = p.token_at(p.text.find("<env>").unwrap());
+    assert!(p.expected.contains(&env), "{:?} lacks {env}", p.expected);
 }

@@ -4,7 +4,8 @@
 //! everything frees, and every page is either free or in the tree exactly once. Snapshots ride
 //! along: each slot's "state" is the prefix it was taken after, every snapshot the tree holds
 //! sits at the end of exactly that prefix, a match resumes from the deepest one at or before its
-//! end, and no slot is lost or held twice.
+//! end, and no slot is lost or held twice; eviction gives up a redundant snapshot (one a deeper
+//! snapshot on an unbranched path makes redundant, not named expected) while there is one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,8 +20,10 @@ enum Op {
     LockMatch(Vec<u32>),
     Unlock(usize),
     Evict(usize),
-    /// Snapshot the first `n` tokens of a cached sequence (picked by index).
-    Snapshot(usize, usize),
+    /// Snapshot the first `n` tokens of a cached sequence (picked by index), expected or not.
+    Snapshot(usize, usize, bool),
+    /// A request's prefix through the tree names the snapshots at these depths expected.
+    MarkExpected(Vec<u32>, Vec<usize>),
     EvictSnapshot,
 }
 
@@ -36,7 +39,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => tokens().prop_map(Op::LockMatch),
         2 => any::<usize>().prop_map(Op::Unlock),
         1 => (0usize..12).prop_map(Op::Evict),
-        3 => (any::<usize>(), 0usize..24).prop_map(|(i, n)| Op::Snapshot(i, n)),
+        3 => (any::<usize>(), 0usize..24, any::<bool>()).prop_map(|(i, n, e)| Op::Snapshot(i, n, e)),
+        2 => (tokens(), prop::collection::vec(0usize..24, 0..4)).prop_map(|(t, d)| Op::MarkExpected(t, d)),
         1 => Just(Op::EvictSnapshot),
     ]
 }
@@ -48,6 +52,29 @@ fn aligned(len: usize, p: usize) -> usize {
 /// Longest page-aligned prefix of `query` shared with any cached sequence.
 fn reference_match(cached: &HashSet<Vec<u32>>, query: &[u32], p: usize) -> usize {
     cached.iter().map(|s| aligned(s.iter().zip(query).take_while(|(a, b)| a == b).count(), p)).max().unwrap_or(0)
+}
+
+/// Whether the snapshot after `prefix` is redundant in the model: not expected, a deeper
+/// snapshot extends it, and the cached sequences do not branch right after it.
+fn redundant(
+    prefix: &[u32],
+    expected: bool,
+    states: &HashMap<u32, Vec<u32>>,
+    cached: &HashSet<Vec<u32>>,
+    p: usize,
+) -> bool {
+    let deeper = states.values().any(|s| s.len() > prefix.len() && s.starts_with(prefix));
+    !expected && deeper && branches_after(prefix, cached, p) < 2
+}
+
+/// How many different pages follow `prefix` in the cached sequences (the tree's children there).
+fn branches_after(prefix: &[u32], cached: &HashSet<Vec<u32>>, p: usize) -> usize {
+    let next_pages: HashSet<&[u32]> = cached
+        .iter()
+        .filter(|c| c.len() > prefix.len() && c.starts_with(prefix))
+        .map(|c| &c[prefix.len()..prefix.len() + p])
+        .collect();
+    next_pages.len()
 }
 
 fn check_pages(tree: &RadixCache, alloc: &PageAllocator) {
@@ -70,6 +97,8 @@ proptest! {
         let mut free_slots: Vec<u32> = (0..8).collect();
         // What each slot in the tree "holds": the prefix it is the state after.
         let mut states: HashMap<u32, Vec<u32>> = HashMap::new();
+        // Whether each slot in the tree is expected.
+        let mut expected: HashMap<u32, bool> = HashMap::new();
         for op in ops {
             match op {
                 Op::Insert(seq) => {
@@ -97,7 +126,7 @@ proptest! {
                         prop_assert_eq!(&states[&hit.slot][..], &seq[..hit.tokens]);
                     }
                 }
-                Op::Snapshot(i, n) => {
+                Op::Snapshot(i, n, named) => {
                     // Sorted: a set's order would differ between runs and defeat shrinking.
                     let mut sequences: Vec<&Vec<u32>> = cached.iter().collect();
                     sequences.sort();
@@ -108,10 +137,11 @@ proptest! {
                     let prefix = chosen[..aligned(n.min(chosen.len()), page_size)].to_vec();
                     let slot = free_slots.pop().expect("checked");
                     let taken = states.values().any(|s| *s == prefix);
-                    match tree.attach_snapshot(&prefix, slot) {
+                    match tree.attach_snapshot(&prefix, slot, named) {
                         Ok(_) => {
                             prop_assert!(!taken && !prefix.is_empty(), "attached twice or at the root");
                             states.insert(slot, prefix);
+                            expected.insert(slot, named);
                         }
                         Err(back) => {
                             prop_assert!(taken || prefix.is_empty(), "a cached prefix refused a snapshot");
@@ -119,11 +149,32 @@ proptest! {
                         }
                     }
                 }
+                Op::MarkExpected(seq, mut depths) => {
+                    let m = tree.match_prefix(&seq);
+                    depths.sort_unstable();
+                    depths.dedup();
+                    let path = &seq[..m.tokens];
+                    // The deepest snapshot on the path, if it supersedes what grew from it.
+                    let resumed = states.values().filter(|s| path.starts_with(s)).max_by_key(|s| s.len()).cloned();
+                    let resumed = resumed.filter(|r| !depths.contains(&r.len()) && branches_after(r, &cached, page_size) < 2);
+                    tree.mark_expected(m.node, m.tokens, &depths);
+                    for (slot, s) in &states {
+                        if path.starts_with(s) {
+                            expected.insert(*slot, depths.contains(&s.len()));
+                        } else if resumed.as_ref().is_some_and(|r| s.starts_with(r)) {
+                            expected.insert(*slot, false);
+                        }
+                    }
+                }
                 Op::EvictSnapshot => {
+                    let any_redundant = states.iter().any(|(slot, s)| redundant(s, expected[slot], &states, &cached, page_size));
                     let oldest = tree.evict_snapshot();
                     prop_assert_eq!(oldest.is_some(), !states.is_empty());
                     if let Some(slot) = oldest {
+                        let was = redundant(&states[&slot], expected[&slot], &states, &cached, page_size);
+                        prop_assert!(was || !any_redundant, "slot {} went while a redundant snapshot was left", slot);
                         states.remove(&slot);
+                        expected.remove(&slot);
                         free_slots.push(slot);
                     }
                 }
@@ -149,6 +200,7 @@ proptest! {
                     alloc.release(freed.pages);
                     for slot in freed.snapshots {
                         prop_assert!(states.remove(&slot).is_some(), "slot {} freed twice", slot);
+                        expected.remove(&slot);
                         free_slots.push(slot);
                     }
                     // What is left is a prefix-closed part of what was cached...

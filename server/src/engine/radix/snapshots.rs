@@ -1,0 +1,156 @@
+//! Snapshots on the tree: filing them, finding the one a match resumes from, and choosing the
+//! one to evict (the module doc of `radix.rs` has the overview).
+//!
+//! Which snapshot to give up, in order:
+//! 1. A redundant one: a deeper snapshot lies on the same path below it and the tree does not
+//!    branch at its node, and the last request through it did not name it expected. A prompt
+//!    that extends this path resumes from the deeper one; only a divergence between the two
+//!    would need it, and agents diverge where requests said they would (the next user turn's
+//!    re-rendered history, the generation prompt, the shared system block: `mark_expected`).
+//! 2. Every other one: a path's deepest snapshot (where the conversation's next turn resumes),
+//!    one where the tree branches (a prefix requests have shared), one the last request through
+//!    it expected a resume at.
+//!
+//! Within each group GreedyDual-Size decides: the priority is the credit (the inflation when
+//! the snapshot was taken, resumed from, or last named expected) plus the tokens from the next
+//! snapshot above, the lowest goes first, the older credit and then the deeper node on a tie,
+//! and the inflation rises to the evicted priority.
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+
+use super::{NodeId, ROOT, RadixCache, Snapshot, SnapshotHit};
+
+impl RadixCache {
+    /// The snapshot nearest above `node` (itself included), whose end is `depth` tokens deep.
+    pub(super) fn deepest_snapshot(&self, mut node: NodeId, mut depth: usize) -> Option<SnapshotHit> {
+        while node != ROOT {
+            if let Some(s) = self.nodes[node].snapshot {
+                return Some(SnapshotHit { node, tokens: depth, slot: s.slot });
+            }
+            depth -= self.nodes[node].tokens.len();
+            node = self.nodes[node].parent;
+        }
+        None
+    }
+
+    /// Gives `node`'s snapshot the current inflation as its credit.
+    pub(super) fn renew_snapshot(&mut self, node: NodeId) {
+        let inflation = self.snapshot_inflation;
+        if let Some(s) = self.nodes[node].snapshot.as_mut() {
+            s.credit = inflation;
+        }
+    }
+
+    /// Snapshots the tree holds.
+    pub fn snapshots(&self) -> usize {
+        self.snapshots
+    }
+
+    /// Files `slot` as the state after `tokens` (a whole number of pages, all in the tree),
+    /// splitting an edge to end a node there; `expected` when the request that took it expects
+    /// a later request to resume there. Gives the slot back when the tree cannot use it: the
+    /// prefix is not (all) cached, or its node already has an equally valid snapshot.
+    pub fn attach_snapshot(&mut self, tokens: &[u32], slot: u32, expected: bool) -> Result<NodeId, u32> {
+        if tokens.is_empty() || !tokens.len().is_multiple_of(self.page_size) {
+            return Err(slot);
+        }
+        let (node, matched, _) = self.walk(tokens);
+        if matched != tokens.len() || self.nodes[node].snapshot.is_some() {
+            return Err(slot);
+        }
+        self.nodes[node].snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected });
+        self.snapshots += 1;
+        self.debug_check();
+        Ok(node)
+    }
+
+    /// A request's prefix runs from the root to `node`, whose end is `depth` tokens deep: each
+    /// snapshot on it becomes expected if it sits at one of `expected` (token counts, sorted),
+    /// with its credit renewed, and unexpected otherwise. The latest request through a
+    /// snapshot knows best whether anyone will come back to it: a turn that went past it says
+    /// so by not naming it. When the request resumes from a snapshot it does not name (its own
+    /// conversation's history) where the tree does not branch, whatever else grew from that
+    /// state (an earlier reply the agent did not send back) is superseded too: the expected
+    /// snapshots off its path below there become unexpected.
+    pub fn mark_expected(&mut self, node: NodeId, depth: usize, expected: &[usize]) {
+        debug_assert!(expected.is_sorted(), "expected points must be sorted");
+        let inflation = self.snapshot_inflation;
+        // Not where the tree branches: there others' conversations grew from the same state.
+        let resumed = self
+            .deepest_snapshot(node, depth)
+            .filter(|hit| expected.binary_search(&hit.tokens).is_err() && self.nodes[hit.node].children.len() < 2);
+        let (mut at, mut at_depth) = (node, depth);
+        // The path below the resumed snapshot, deepest first.
+        let mut below_resumed = Vec::new();
+        while at != ROOT {
+            if resumed.is_some_and(|hit| at_depth >= hit.tokens) {
+                below_resumed.push(at);
+            }
+            let n = &mut self.nodes[at];
+            if let Some(s) = n.snapshot.as_mut() {
+                s.expected = expected.binary_search(&at_depth).is_ok();
+                if s.expected {
+                    s.credit = inflation;
+                }
+            }
+            at_depth -= n.tokens.len();
+            at = n.parent;
+        }
+        let mut off_path: Vec<NodeId> = Vec::new();
+        for (i, &on) in below_resumed.iter().enumerate() {
+            // The child on the path is the previous entry (the path was walked upwards).
+            let path_child = i.checked_sub(1).map(|j| below_resumed[j]);
+            off_path.extend(self.nodes[on].children.values().copied().filter(|&c| Some(c) != path_child));
+        }
+        while let Some(id) = off_path.pop() {
+            let n = &mut self.nodes[id];
+            if let Some(s) = n.snapshot.as_mut() {
+                s.expected = false;
+            }
+            off_path.extend(n.children.values().copied());
+        }
+    }
+
+    /// Drops the snapshot to give up first (see the module doc) and returns its slot; its
+    /// node's KV stays.
+    pub fn evict_snapshot(&mut self) -> Option<u32> {
+        // Nodes with a snapshot somewhere below them.
+        let mut covered = HashSet::new();
+        for node in self.nodes.iter().filter(|n| n.alive && n.snapshot.is_some()) {
+            let mut above = node.parent;
+            while above != ROOT && covered.insert(above) {
+                above = self.nodes[above].parent;
+            }
+        }
+        // (kept, priority, credit, deeper first) of the best candidate so far, and its node.
+        type Rank = (bool, u64, u64, Reverse<usize>);
+        let mut best: Option<(Rank, NodeId)> = None;
+        for (id, node) in self.nodes.iter().enumerate() {
+            let Some(snapshot) = node.snapshot.filter(|_| node.alive) else { continue };
+            // Tokens up to the next snapshot above (or the root): what losing this one costs.
+            let mut gap = node.tokens.len();
+            let mut depth = gap;
+            let mut above = node.parent;
+            let mut found_above = false;
+            while above != ROOT {
+                let n = &self.nodes[above];
+                found_above |= n.snapshot.is_some();
+                if !found_above {
+                    gap += n.tokens.len();
+                }
+                depth += n.tokens.len();
+                above = n.parent;
+            }
+            let redundant = !snapshot.expected && node.children.len() < 2 && covered.contains(&id);
+            let key = (!redundant, snapshot.credit + gap as u64, snapshot.credit, Reverse(depth));
+            if best.is_none_or(|(k, _)| key < k) {
+                best = Some((key, id));
+            }
+        }
+        let ((_, priority, _, _), id) = best?;
+        self.snapshot_inflation = self.snapshot_inflation.max(priority);
+        self.snapshots -= 1;
+        self.nodes[id].snapshot.take().map(|s| s.slot)
+    }
+}
