@@ -14,7 +14,8 @@
 # Environment:
 #   MODEL=smollm2 | qwen3 | qwen-coder | qwen35
 #   THREADS=2            threads of each server
-#   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction)
+#   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction);
+#                        `recorded` replays RECORDED=FILE (benches/record-opencode.sh makes one)
 #   OUT=target/cache-bench/<model>   table.md, results.json, <workload>.svg, server logs
 #   LLAMA_CONFIGS=...    llama-server configurations, `label=flags;...` (default: the preset's)
 #   EXTRA=...            more cache-bench flags (e.g. --seed 2, --ctx 8192); split on spaces, so
@@ -65,6 +66,7 @@ case "$MODEL" in
 esac
 llama_configs="${LLAMA_CONFIGS:-${llama_configs:-}}"
 if [ -n "$llama_configs" ]; then args+=(--llama-configs "$llama_configs"); fi
+if [ -n "${RECORDED:-}" ]; then args+=(--recorded "$RECORDED"); fi
 
 # shellcheck disable=SC2086
 exec "$target_dir/release/cache-bench" compare --model "$model" --radix-serve "$target_dir/release/radix-serve" \

@@ -10,7 +10,9 @@ use radix_models::tokenizer::Tokenizer;
 use radix_models::{
     HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, StatePool, device_name, parse_device, resolve_model,
 };
-use radix_serve::api::{ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, router};
+use radix_serve::api::{
+    ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, RequestRecorder, router,
+};
 use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
 use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
@@ -86,6 +88,11 @@ pub struct ServeArgs {
     /// token counts and message indices only.
     #[arg(long)]
     log_prompts: bool,
+    /// Append every chat request body, as it arrived, to this file (one JSON line each), to
+    /// replay an agent's traffic later (`cache-bench --recorded FILE`). The file holds the
+    /// prompts verbatim.
+    #[arg(long, value_name = "FILE")]
+    record_requests: Option<PathBuf>,
     /// Tokenize control-token spellings in message text (`<|im_start|>` written by a user) as
     /// control tokens, as transformers does with a rendered prompt; by default they are text,
     /// so a message cannot open a turn of another role. For parity tests.
@@ -187,6 +194,13 @@ impl FetchProgress for StderrProgress {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
     let admin_keys = ApiKeys::load_admin(args.admin_api_key.as_deref())?;
+    let recorder = match &args.record_requests {
+        Some(path) => Some(
+            RequestRecorder::open(path)
+                .with_context(|| format!("--record-requests {}: cannot open it for appending", path.display()))?,
+        ),
+        None => None,
+    };
     let browser = BrowserPolicy::new(args.allowed_hosts.as_deref(), args.cors_origin.as_deref())?;
     // Listen before loading, so probes get an honest 503 "loading model" instead of a refused
     // connection; the same socket serves the API once the engine is ready.
@@ -343,6 +357,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // One core is left to the async workers and the engine thread, so they answer at once.
         preparation: PreparationPool::new(std::thread::available_parallelism().map_or(1, |n| n.get() - 1)),
         http_metrics: HttpMetrics::default(),
+        recorder,
     });
     runtime.block_on(async move {
         // Stop the loading server first: it stops accepting at once, and connections waiting

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use radix_benches::cache_bench::checkpoints::CheckpointCounts;
 use radix_benches::cache_bench::client::{self, Endpoint, Measurement};
-use radix_benches::cache_bench::ideal;
+use radix_benches::cache_bench::{ideal, recorded};
 use radix_benches::cache_bench::servers::{self, Program, ServerConfig, Shared};
 use radix_benches::cache_bench::workload::{self, Sizes, Workload};
 use radix_benches::cache_bench::{Run, write_outputs};
@@ -41,9 +41,14 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct WorkloadArgs {
-    /// Comma-separated workloads: single, split-system, interleaved, subagent, compaction.
+    /// Comma-separated workloads: single, split-system, interleaved, subagent, compaction, and
+    /// `recorded` (the requests in `--recorded FILE`).
     #[arg(long, default_value = "single,split-system,interleaved,subagent,compaction")]
     workloads: String,
+    /// Chat requests recorded by `radix-serve --record-requests FILE`, for the `recorded`
+    /// workload.
+    #[arg(long, value_name = "FILE")]
+    recorded: Option<PathBuf>,
     /// Seed of the generated text and schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -76,9 +81,12 @@ impl WorkloadArgs {
         let sizes = self.sizes()?;
         self.workloads
             .split(',')
-            .map(|name| {
-                workload::build(name.trim(), self.seed, &sizes)
-                    .with_context(|| format!("unknown workload '{name}': use {}", workload::WORKLOADS.join(", ")))
+            .map(|name| match (name.trim(), &self.recorded) {
+                ("recorded", Some(path)) => recorded::load(path, self.max_tokens),
+                ("recorded", None) => bail!("the recorded workload needs --recorded FILE"),
+                (name, _) => workload::build(name, self.seed, &sizes).with_context(|| {
+                    format!("unknown workload '{name}': use {}, recorded", workload::WORKLOADS.join(", "))
+                }),
             })
             .collect()
     }

@@ -2,6 +2,7 @@
 //! much of each prompt the server did not recompute, and what that did to the time to first token.
 //!
 //! - [`workload`]: the sessions, generated from a seed ([`agent`] and [`text`] make their parts);
+//! - [`recorded`]: the same from a real agent's recorded requests;
 //! - [`client`]: the streaming replay and what each request measured;
 //! - [`ideal`]: the most any prefix cache could reuse, the bound a hit ratio is judged by;
 //! - [`report`], [`chart`]: tables, JSON and SVG pictures;
@@ -13,6 +14,7 @@ pub mod chart;
 pub mod checkpoints;
 pub mod client;
 pub mod ideal;
+pub mod recorded;
 pub mod report;
 pub mod servers;
 pub mod text;

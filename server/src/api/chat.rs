@@ -33,6 +33,9 @@ pub(super) struct PreparedChat {
 
 pub(super) async fn chat_completions(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
     let key = state.api_keys.presented(&headers);
+    if let Some(recorder) = &state.recorder {
+        recorder.record("/v1/chat/completions", &body);
+    }
     let prepared =
         off_workers(&state, move |state| prepare(state, ChatBody::from_json(&parse_body(&body)?)?, key.as_deref()))
             .await;

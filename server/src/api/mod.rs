@@ -21,6 +21,7 @@ mod metrics;
 mod output;
 mod preparation;
 mod prompt_parts;
+mod recorder;
 mod reply;
 mod request;
 mod snapshot_points;
@@ -43,6 +44,7 @@ pub use error::ApiError;
 pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
 pub use preparation::PreparationPool;
+pub use recorder::RequestRecorder;
 
 /// What every handler shares.
 pub struct ApiState {
@@ -90,6 +92,8 @@ pub struct ApiState {
     pub preparation: PreparationPool,
     /// Requests answered, by route and status (`/metrics`).
     pub http_metrics: HttpMetrics,
+    /// Where chat request bodies are recorded (`--record-requests`); `None`: nowhere.
+    pub recorder: Option<RequestRecorder>,
 }
 
 /// The router with every route, in groups that carry their own guards: `/health` open for
