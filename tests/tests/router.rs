@@ -97,7 +97,7 @@ fn worker_endpoints_answer_what_routers_read() {
     // The cache now holds the prompt; the load says so, and a flush empties it.
     let load = server.get("/get_load");
     let cached = load[0]["num_cached_tokens"].as_u64().unwrap();
-    assert!(cached > 0 && cached % page_size == 0, "{load}");
+    assert!(cached > 0 && cached.is_multiple_of(page_size), "{load}");
     let flushed = ureq::post(&format!("{}/flush_cache", server.base)).call().unwrap().into_json::<Json>().unwrap();
     assert_eq!(flushed["cached_tokens"], cached, "{flushed}");
     assert_eq!(flushed["status"], "flushed");
