@@ -8,6 +8,8 @@ echo "== assets"
 scripts/assets.sh fetch
 echo "== SDK virtualenv (official OpenAI and Anthropic Python SDKs, pinned with hashes)"
 scripts/sdk-env.sh
+echo "== router virtualenv (SGLang's sglang-router, pinned with hashes; tests/tests/router.rs)"
+scripts/router-env.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -313,6 +313,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let device = device_name(model.device());
+    let model_type = model.config().arch.gguf_name().to_owned();
     let capacity = pool.num_pages() * pool.page_size();
     // A sequence can never be longer than the pool (one page stays spare for the first
     // generated token): a smaller pool lowers the context, so an over-long prompt is a 400 with
@@ -343,6 +344,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         stop_tokens,
         model_name: model_name.clone(),
         context_length,
+        model_type,
+        prefix_cache: !args.no_prefix_cache,
         model_path: files.path().display().to_string(),
         total_slots: args.parallel.max(1),
         api_keys,

@@ -265,7 +265,17 @@ fn every_endpoint_survives_fuzzing() {
     // so `/slots?fail_on_no_slot=1` has a free slot.
     let junk = ["?", "?a=1&&&b", "?fail_on_no_slot=1", "?fail_on_no_slot=%FF%FE", "?%", "?x=%00%zz", "?a[]=1&a[b]=2"];
     let long = format!("?x={}", "a".repeat(5000));
-    for get in ["/health", "/v1/models", "/props", "/slots", "/metrics", "/v1/cache"] {
+    for get in [
+        "/health",
+        "/v1/models",
+        "/props",
+        "/slots",
+        "/metrics",
+        "/v1/cache",
+        "/server_info",
+        "/model_info",
+        "/get_load",
+    ] {
         for query in junk.iter().copied().chain([long.as_str()]) {
             match send(&server.base, "GET", &format!("{get}{query}"), "", &[]) {
                 Ok(r) if r.status == 200 && check(get, &r).is_ok() => {}
@@ -280,6 +290,7 @@ fn every_endpoint_survives_fuzzing() {
         ("POST", "/health"),
         ("PUT", "/v1/models"),
         ("GET", "/v1/messages"),
+        ("GET", "/flush_cache"),
     ];
     for (method, path) in wrong.into_iter().chain([("GET", "/nope"), ("POST", "/v1/nope")]) {
         match send(&server.base, method, path, "application/json", b"{}") {

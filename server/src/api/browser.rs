@@ -32,7 +32,7 @@ pub struct BrowserPolicy {
 
 /// Headers a browser client may send cross-origin when CORS is on.
 const CORS_ALLOWED_HEADERS: &str = "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, \
-     x-session-affinity";
+     x-session-affinity, x-smg-routing-key";
 
 impl BrowserPolicy {
     /// The policy from the comma-separated flags; entries are trimmed, empty ones dropped.
@@ -98,7 +98,9 @@ pub(super) async fn check_host(State(state): State<Arc<ApiState>>, request: Requ
     .into_response()
 }
 
-/// 415 for a request body that does not say it is JSON. Empty bodies pass (nothing to read).
+/// 415 for a request body that does not say it is JSON. Empty bodies pass (nothing to read):
+/// `Content-Length: 0`, or neither a length nor a transfer encoding (HTTP/1.1's bodiless request,
+/// as clients send a bare `POST /flush_cache`).
 pub(super) async fn require_json(request: Request, next: Next) -> Response {
     if request.method() == Method::GET || request.method() == Method::HEAD || is_empty(&request) {
         return next.run(request).await;
@@ -111,8 +113,11 @@ pub(super) async fn require_json(request: Request, next: Next) -> Response {
 }
 
 fn is_empty(request: &Request<Body>) -> bool {
-    let length = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
-    length.is_some_and(|n| n.trim() == "0")
+    let headers = request.headers();
+    match headers.get(header::CONTENT_LENGTH) {
+        Some(length) => length.to_str().is_ok_and(|n| n.trim() == "0"),
+        None => !headers.contains_key(header::TRANSFER_ENCODING),
+    }
 }
 
 /// `application/json`, or any `+json` type, with any parameters (`; charset=utf-8`).

@@ -107,6 +107,20 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     for (name, help, value) in gauges {
         scalar(&mut out, "gauge", name, help, value);
     }
+    scalar(
+        &mut out,
+        "gauge",
+        "radix_serve_sequences_max",
+        "Sequences that may run at once (--parallel).",
+        state.total_slots,
+    );
+    // For schedulers that weigh KV pressure (an inference-extension gateway's kv-cache scorer):
+    // the prefix cache fills the pool over time and gives pages back on demand, so the pressure is
+    // the pages running sequences hold beyond it.
+    let held = s.pages_total.saturating_sub(s.pages_free).saturating_sub(s.pages_cached);
+    let usage = if s.pages_total == 0 { 0.0 } else { held as f64 / s.pages_total as f64 };
+    let help = "Fraction of KV pages neither free nor in the prefix cache (held by running sequences).";
+    scalar(&mut out, "gauge", "radix_serve_kv_usage_ratio", help, usage);
     let ttft = "Seconds from submission to the first token.";
     histogram(&mut out, "radix_serve_time_to_first_token_seconds", ttft, &m.time_to_first_token);
     let tpot = "Mean seconds between output tokens, per request.";

@@ -1,7 +1,8 @@
 //! The HTTP API (axum): OpenAI chat and text completions, llama.cpp's server endpoints, the
 //! Anthropic Messages API, models, health and metrics. Each API reads its body into typed
 //! structs (request/), maps it to one generation spec, and answers through the one driver
-//! (driver.rs) in its own wire format.
+//! (driver.rs) in its own wire format. router_compat.rs answers what cache-aware routers ask of
+//! a worker (server and model info, load, cache flush) and checks routing keys.
 
 mod anthropic;
 mod anthropic_convert;
@@ -24,6 +25,7 @@ mod prompt_parts;
 mod recorder;
 mod reply;
 mod request;
+mod router_compat;
 mod snapshot_points;
 
 use std::sync::Arc;
@@ -62,6 +64,10 @@ pub struct ApiState {
     pub model_name: String,
     /// Longest context of one sequence.
     pub context_length: usize,
+    /// The architecture's name as GGUF metadata spells it (`llama`, `qwen2`, ...; `/model_info`).
+    pub model_type: String,
+    /// Prompts reuse cached prefixes (false with `--no-prefix-cache`; `/server_info`).
+    pub prefix_cache: bool,
     /// The model file or directory as loaded (llama.cpp's `/props` `model_path`).
     pub model_path: String,
     /// Most sequences running at once (`--parallel`; llama.cpp's slot count).
@@ -106,6 +112,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let host_check = || from_fn_with_state(Arc::clone(&state), browser::check_host);
     let guarded = |routes: Router<Arc<ApiState>>| {
         routes
+            .layer(from_fn(router_compat::session_affinity))
             .layer(from_fn(limits::read_body))
             .layer(from_fn(browser::require_json))
             .layer(from_fn_with_state(Arc::clone(&state), limits::require_key))
@@ -121,6 +128,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .merge(generation)
         .merge(llama::routes())
         .merge(metrics::routes())
+        .merge(router_compat::routes())
         // Here, so that an unknown route also asks for the key (and the metrics name it "other").
         .fallback(|| async { ApiError::NotFound });
     let anthropic = anthropic::generation_routes().route_layer(queue_limit()).merge(anthropic::routes());
