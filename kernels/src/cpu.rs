@@ -59,3 +59,16 @@ pub(crate) fn has_vnni_256() -> bool {
         false
     }
 }
+
+/// AVX-512 F, BW and VNNI: the 512-bit 8-bit dot-product kernels (the MoE experts' K-quants).
+pub(crate) fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f") && has!("avx512bw") && has!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}

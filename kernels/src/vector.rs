@@ -58,7 +58,7 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
 
 /// One element of [`exp_in_place`].
 #[inline(always)]
-fn exp_approx(x: f32) -> f32 {
+pub(crate) fn exp_approx(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that `n * LN2_HI` is exact.
     const LN2_HI: f32 = 0.693_359_4;

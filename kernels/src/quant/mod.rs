@@ -1,8 +1,10 @@
-//! Quantized matrix multiplication on the CPU: Q8_0 weights times f32 activations.
+//! Quantized matrix multiplication on the CPU: Q8_0 weights times f32 activations, and the
+//! K-quant (Q4_K, Q6_K) experts of mixture-of-experts layers ([`KQuantMatrix`]).
 //!
-//! K-quants (Q4_K, Q6_K) run on candle's kernels: ours were faster alone at one row but slower
-//! in the model, and were removed (benches/README.md, "K-quant kernels"; the last commit that
-//! has them is 4fb5aed).
+//! Other K-quant matrices run on candle's kernels: our earlier AVX2 ones were faster alone at
+//! one row but slower in the model, and were removed (benches/README.md, "K-quant kernels";
+//! the last commit that has them is 4fb5aed). The experts' kernel is AVX-512 VNNI, one call
+//! per expert on the calling thread, with activations quantized once per layer.
 //!
 //! [`Q8_0Matrix`] holds a weight matrix `[n_out, k]` in GGML's Q8_0 format (blocks of 32
 //! int8 values sharing one scale), repacked at load so that one pass over an activation row
@@ -38,12 +40,16 @@ use crate::cpu;
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod kquant;
 mod matrix;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
 pub use activations::{QuantizedRows, quantize_block_q8_0};
+pub use kquant::{
+    KQuant, KQuantMatrix, Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, Q8KRows, QK_K, kquant_kernel_is_fast, swiglu,
+};
 pub use matrix::Q8_0Matrix;
 
 /// Values per Q8_0 block.

@@ -102,7 +102,7 @@ impl Linear {
     }
 
     /// The quantized tensor of a matrix on candle's quantized kernels.
-    fn candle_qtensor(&self) -> Option<&QTensor> {
+    pub(crate) fn candle_qtensor(&self) -> Option<&QTensor> {
         match &self.weight {
             Weight::Candle(QMatMul::QTensor(t)) => Some(t),
             _ => None,

@@ -2,7 +2,13 @@
 //! experts, each token's top-k (renormalised where the model says so), the chosen experts'
 //! SwiGLU MLPs weighted by their probabilities, and (Qwen3.5-MoE) a shared expert every token
 //! goes through, scaled by a sigmoid gate. Only experts some token chose run, each once over
-//! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once.
+//! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once. On
+//! AVX-512 VNNI CPUs K-quant experts run on radix-kernels' kernel ([`packed`]): one 8-bit
+//! quantization of the input per layer, the experts side by side on the model's pool.
+
+mod packed;
+#[cfg(test)]
+mod tests;
 
 use candle_core::{DType, Tensor};
 use candle_nn::ops::sigmoid;
@@ -24,10 +30,14 @@ struct Expert {
 pub(crate) struct SparseMoe {
     router: Linear,
     experts: Vec<Expert>,
+    num_experts: usize,
     experts_per_token: usize,
     norm_topk_prob: bool,
     /// The shared expert and its `[1, hidden]` gate.
     shared: Option<(Mlp, Linear)>,
+    /// The experts repacked for radix-kernels' K-quant kernel; `experts` is then empty (one
+    /// copy of the weights is kept).
+    packed: Option<Vec<packed::PackedExpert>>,
 }
 
 impl SparseMoe {
@@ -46,8 +56,12 @@ impl SparseMoe {
         let gates = experts_of("ffn_gate_exps", "gate_proj", [inner, hidden])?;
         let ups = experts_of("ffn_up_exps", "up_proj", [inner, hidden])?;
         let downs = experts_of("ffn_down_exps", "down_proj", [hidden, inner])?;
-        let experts =
+        let mut experts: Vec<Expert> =
             gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| Expert { gate, up, down }).collect();
+        let packed = packed::pack_experts(&experts)?;
+        if packed.is_some() {
+            experts = Vec::new();
+        }
         let shared = match moe.shared_expert_intermediate_size {
             Some(width) => {
                 let mlp = Mlp::load_named(
@@ -66,19 +80,20 @@ impl SparseMoe {
         Ok(SparseMoe {
             router: w.linear(&name("ffn_gate_inp", "mlp.gate"), [n, hidden], false)?,
             experts,
+            num_experts: n,
             experts_per_token: moe.experts_per_token,
             norm_topk_prob: moe.norm_topk_prob,
             shared,
+            packed,
         })
     }
 
     /// `[rows, hidden]` to `[rows, hidden]`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.dim(0)?;
         let probs = candle_nn::ops::softmax_last_dim(&self.router.forward(x)?)?.to_dtype(DType::F32)?;
         let probs = probs.to_vec2::<f32>()?;
         // For each expert, the rows routed to it and their weights.
-        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.experts.len()];
+        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.num_experts];
         for (row, p) in probs.iter().enumerate() {
             let mut order: Vec<usize> = (0..p.len()).collect();
             // torch.topk: the largest first; equal probabilities keep the lower index first.
@@ -91,13 +106,27 @@ impl SparseMoe {
                 routed[e].1.push(weight);
             }
         }
+        let mut out = match &self.packed {
+            Some(packed) => packed::forward(packed, x, &routed)?,
+            None => self.experts_forward(x, &routed)?,
+        };
+        if let Some((mlp, gate)) = &self.shared {
+            let scale = sigmoid(&gate.forward(x)?)?;
+            out = (out + mlp.forward(x)?.broadcast_mul(&scale)?)?;
+        }
+        Ok(out)
+    }
+
+    /// The weighted sum of each row's experts on candle's matmuls, `[rows, hidden]`.
+    fn experts_forward(&self, x: &Tensor, routed: &[(Vec<u32>, Vec<f32>)]) -> Result<Tensor> {
+        let rows = x.dim(0)?;
         // Each row's weighted sum of its experts' outputs, added up in host memory on the CPU
         // (an `index_add` per expert would copy the whole output each time).
         let hidden = x.dim(1)?;
         let on_host = x.device().is_cpu();
         let mut host = if on_host { vec![0.0f32; rows * hidden] } else { Vec::new() };
         let mut out = if on_host { None } else { Some(Tensor::zeros(x.dims(), DType::F32, x.device())?) };
-        for (expert, (ids, weights)) in self.experts.iter().zip(&routed) {
+        for (expert, (ids, weights)) in self.experts.iter().zip(routed) {
             if ids.is_empty() {
                 continue;
             }
@@ -122,14 +151,9 @@ impl SparseMoe {
                 }
             }
         }
-        let mut out = match out {
+        Ok(match out {
             Some(out) => out,
             None => Tensor::from_vec(host, (rows, hidden), x.device())?,
-        };
-        if let Some((mlp, gate)) = &self.shared {
-            let scale = sigmoid(&gate.forward(x)?)?;
-            out = (out + mlp.forward(x)?.broadcast_mul(&scale)?)?;
-        }
-        Ok(out)
+        })
     }
 }
