@@ -444,7 +444,7 @@ fn q4k_dot(tiles: &[Q4KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
     }
     let _ = fast;
     for (m, act) in acts.iter().enumerate() {
-        for r in 0..TILE_ROWS {
+        for (r, slot) in out[m].iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for (tile, a) in tiles.iter().zip(act.iter()) {
                 let mut part = 0.0f32;
@@ -466,7 +466,7 @@ fn q4k_dot(tiles: &[Q4KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
                 part = (-(msum as f32)).mul_add(tile.dmin[r], part);
                 acc = part.mul_add(a.d, acc);
             }
-            out[m][r] = acc;
+            *slot = acc;
         }
     }
 }
@@ -481,7 +481,7 @@ fn q6k_dot(tiles: &[Q6KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
     }
     let _ = fast;
     for (m, act) in acts.iter().enumerate() {
-        for r in 0..TILE_ROWS {
+        for (r, slot) in out[m].iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for (tile, a) in tiles.iter().zip(act.iter()) {
                 let mut part = 0.0f32;
@@ -497,7 +497,7 @@ fn q6k_dot(tiles: &[Q6KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
                 }
                 acc = part.mul_add(a.d, acc);
             }
-            out[m][r] = acc;
+            *slot = acc;
         }
     }
 }
