@@ -14,10 +14,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use radix_benches::cache_bench::checkpoints::CheckpointCounts;
 use radix_benches::cache_bench::client::{self, Endpoint, Measurement};
-use radix_benches::cache_bench::{ideal, recorded};
 use radix_benches::cache_bench::servers::{self, Program, ServerConfig, Shared};
 use radix_benches::cache_bench::workload::{self, Sizes, Workload};
 use radix_benches::cache_bench::{Run, write_outputs};
+use radix_benches::cache_bench::{ideal, recorded};
 
 #[derive(Parser)]
 #[command(about = "Replay agent sessions against OpenAI-compatible servers and report prefix-cache reuse and TTFT")]

@@ -16,7 +16,8 @@ use super::workload::{BenchRequest, RequestKind, Workload};
 
 /// Loads the chat requests recorded in `path` as the workload `recorded`.
 pub fn load(path: &Path, max_tokens: usize) -> Result<Workload> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading recorded requests {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading recorded requests {}", path.display()))?;
     let mut bodies = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let record: Json =
