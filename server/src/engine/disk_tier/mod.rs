@@ -226,6 +226,8 @@ impl DiskTier {
         let found = self.index.lookup(key);
         self.touch(&found.refs);
         let (mut start, mut keep) = (found.tokens, found.node);
+        // The pages of the key's path, and how many of them come from files of earlier calls.
+        let (mut path, mut old) = (found.refs.clone(), found.refs.len());
         while start < key.len() {
             let count = ((key.len() - start) / p).min(self.max_pages_per_file).min(self.pages_that_fit(start));
             if count == 0 {
@@ -234,7 +236,19 @@ impl DiskTier {
             let end = start + count * p;
             let file_bytes = self.file_bytes(start, count);
             if !self.make_room(file_bytes, keep) {
-                return;
+                // What is left is the files this prefix continues, whose other pages (another
+                // prompt's, evicted) cannot go while this prefix holds them. This prefix is the
+                // most recently used: the last of those files goes, and its pages of this
+                // prefix are written again from the pool, in a file of their own.
+                let Some(last) = old.checked_sub(1).filter(|&i| i < start / p) else { return };
+                let first = path[..=last].iter().rposition(|r| r.file != path[last].file).map_or(0, |i| i + 1);
+                let dropped = self.index.remove_from(key, first * p);
+                self.drop_refs(dropped);
+                path.truncate(first);
+                old = first;
+                start = first * p;
+                keep = self.index.lookup(&key[..start]).node;
+                continue;
             }
             let mut data = Vec::with_capacity(count * self.layout.page_bytes);
             for &page in &pages[start / p..end / p] {
@@ -247,7 +261,8 @@ impl DiskTier {
             debug_assert_eq!(bytes.len() as u64, file_bytes);
             let id = self.next_file;
             self.next_file += 1;
-            let refs = (0..count as u32).map(|index| PageRef { file: id, index }).collect();
+            let refs: Vec<PageRef> = (0..count as u32).map(|index| PageRef { file: id, index }).collect();
+            path.extend_from_slice(&refs);
             keep = self.index.extend(key, start, refs);
             let entry =
                 FileEntry { live: count as u32, bytes: file_bytes, pending: Arc::downgrade(&bytes), touched: Instant::now() };

@@ -258,6 +258,31 @@ fn the_budget_holds_and_the_least_recently_used_prefix_goes_first() {
 }
 
 #[test]
+fn a_full_budget_gives_way_to_a_new_prompt_that_shares_an_old_files_start() {
+    let dir = TempDir::new("shared");
+    let source = pool(1, 1.0);
+    let layout = Layout { identity: [0; 16], page_size: 1, page_bytes: source.page_len_bytes() };
+    // Room for one prompt of 20 tokens, not two.
+    let budget = format::file_len(&layout, 20, 20) + 100;
+    let (mut tier, _) = open(&dir, "shared", budget, &source);
+    let prompt = |i: u32| (0..20).map(|t| if t < 6 { t } else { 1000 * i + t }).collect::<Vec<u32>>();
+    let pages: Vec<u32> = (0..20).collect();
+    let mut target = pool(1, 0.5);
+    let own: Vec<u32> = (40..60).collect();
+    for i in 1..5 {
+        // Each prompt's file holds the shared six tokens and its own fourteen; the new prompt
+        // cannot continue the old file within the budget, so the old one goes.
+        tier.persist(&prompt(i), &pages, &source);
+        tier.check_invariants().unwrap();
+        assert!(tier.stats().bytes <= budget);
+        assert_eq!(tier.restore(&prompt(i), 0, &own, &mut target), 20, "prompt {i} is all on disk");
+        assert_eq!(tier.restore(&prompt(i - 1), 0, &own, &mut target), 6, "the shared start");
+    }
+    tier.flush();
+    assert_eq!(page_files(&tier).len(), 1);
+}
+
+#[test]
 fn another_model_in_the_same_directory_reuses_nothing() {
     let dir = TempDir::new("models");
     let source = pool(1, 1.0);
