@@ -83,7 +83,10 @@ impl KvStorage {
 
     /// Overwrites the elements from `start` on with `bytes` in [`append_bytes`](Self::append_bytes)'s layout.
     fn set_bytes(&mut self, start: usize, bytes: &[u8]) -> Result<()> {
-        fn get<'a, T, const N: usize>(bytes: &'a [u8], from: impl Fn([u8; N]) -> T + 'a) -> impl Iterator<Item = T> + 'a {
+        fn get<'a, T, const N: usize>(
+            bytes: &'a [u8],
+            from: impl Fn([u8; N]) -> T + 'a,
+        ) -> impl Iterator<Item = T> + 'a {
             bytes.chunks_exact(N).map(move |c| from(c.try_into().expect("chunks of N bytes")))
         }
         fn set<T, const N: usize>(v: &mut [T], bytes: &[u8], from: impl Fn([u8; N]) -> T) {

@@ -31,8 +31,8 @@ struct Disk<'a> {
 /// a disk tier when `disk` is given.
 fn engine(pages: usize, page_size: usize, cache: bool, disk: Option<Disk>) -> EngineCore {
     let weights = fixture("model.safetensors");
-    let model = Model::load(&weights, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() })
-        .unwrap();
+    let model =
+        Model::load(&weights, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() }).unwrap();
     let pool = KvPool::new(model.config(), page_size, pages, KvDType::F32).unwrap();
     let tier = disk.map(|d| {
         let identity = ModelIdentity::of(&weights, &format!("f32, page size {page_size}")).unwrap();

@@ -119,7 +119,11 @@ fn metric(server: &Server, name: &str) -> f64 {
 /// prefill does.
 fn check_restored(restarted: &Server, messages: &Json, previous_prompt: u64) -> Json {
     let next = post_chat(restarted, &fourth_turn(messages.clone()));
-    assert!(cached(&next) * 100 >= previous_prompt * 99, "{} of the previous {previous_prompt} cached: {next}", cached(&next));
+    assert!(
+        cached(&next) * 100 >= previous_prompt * 99,
+        "{} of the previous {previous_prompt} cached: {next}",
+        cached(&next)
+    );
     let restored = next["cache_report"]["restored_from_disk"].as_u64().unwrap_or(0);
     assert!(restored * 100 >= previous_prompt * 99, "the cache report names the tokens read back: {next}");
     assert!(metric(restarted, "radix_serve_disk_restored_tokens_total") >= restored as f64);

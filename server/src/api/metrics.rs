@@ -89,7 +89,11 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_disk_restored_tokens_total", "Prompt tokens read back from disk.", m.disk.restored_tokens),
         ("radix_serve_disk_files_read_total", "Page files read from disk.", m.disk.files_read),
         ("radix_serve_disk_pages_read_total", "KV pages read back from the disk tier.", m.disk.pages_read),
-        ("radix_serve_disk_damaged_files_total", "Page files found damaged or missing (recomputed).", m.disk.damaged_files),
+        (
+            "radix_serve_disk_damaged_files_total",
+            "Page files found damaged or missing (recomputed).",
+            m.disk.damaged_files,
+        ),
         ("radix_serve_disk_files_written_total", "Page files written.", m.disk.files_written),
         ("radix_serve_disk_written_bytes_total", "Bytes of page files written.", m.disk.bytes_written),
         ("radix_serve_disk_write_errors_total", "Page file writes that failed.", m.disk.write_errors),
@@ -121,7 +125,13 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         scalar(&mut out, "gauge", name, help, value);
     }
     scalar(&mut out, "gauge", "radix_serve_disk_bytes", "Bytes of page files on disk.", s.disk.bytes);
-    scalar(&mut out, "gauge", "radix_serve_disk_budget_bytes", "The --cache-disk budget in bytes.", s.disk.budget_bytes);
+    scalar(
+        &mut out,
+        "gauge",
+        "radix_serve_disk_budget_bytes",
+        "The --cache-disk budget in bytes.",
+        s.disk.budget_bytes,
+    );
     let ttft = "Seconds from submission to the first token.";
     histogram(&mut out, "radix_serve_time_to_first_token_seconds", ttft, &m.time_to_first_token);
     let tpot = "Mean seconds between output tokens, per request.";

@@ -264,8 +264,12 @@ impl DiskTier {
             let refs: Vec<PageRef> = (0..count as u32).map(|index| PageRef { file: id, index }).collect();
             path.extend_from_slice(&refs);
             keep = self.index.extend(key, start, refs);
-            let entry =
-                FileEntry { live: count as u32, bytes: file_bytes, pending: Arc::downgrade(&bytes), touched: Instant::now() };
+            let entry = FileEntry {
+                live: count as u32,
+                bytes: file_bytes,
+                pending: Arc::downgrade(&bytes),
+                touched: Instant::now(),
+            };
             self.files.insert(id, entry);
             self.bytes += file_bytes;
             self.writer.send(Job::Write { name: file_name(id), data: bytes });
@@ -299,7 +303,9 @@ impl DiskTier {
         while done < end {
             let first = found.refs[done];
             let mut run = done + 1;
-            while run < end && found.refs[run].file == first.file && found.refs[run].index == found.refs[run - 1].index + 1
+            while run < end
+                && found.refs[run].file == first.file
+                && found.refs[run].index == found.refs[run - 1].index + 1
             {
                 run += 1;
             }
@@ -449,7 +455,11 @@ impl DiskTier {
         }
         for (id, entry) in &self.files {
             if live.get(id).copied().unwrap_or(0) != entry.live {
-                return Err(format!("file {id}: {} pages referenced but {} counted", live.get(id).unwrap_or(&0), entry.live));
+                return Err(format!(
+                    "file {id}: {} pages referenced but {} counted",
+                    live.get(id).unwrap_or(&0),
+                    entry.live
+                ));
             }
         }
         if live.len() != self.files.len() {

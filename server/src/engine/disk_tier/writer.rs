@@ -115,7 +115,8 @@ fn run(dir: &Path, inbox: Receiver<Job>, counters: &WriterCounters) {
                 }
             }
             Job::Touch { name } => {
-                let _ = File::options().write(true).open(dir.join(name)).and_then(|f| f.set_modified(SystemTime::now()));
+                let _ =
+                    File::options().write(true).open(dir.join(name)).and_then(|f| f.set_modified(SystemTime::now()));
             }
             Job::Flush(done) => {
                 let _ = done.send(());
