@@ -58,6 +58,58 @@ impl KvStorage {
         })
     }
 
+    /// Appends the elements `range` as little-endian bytes (the disk tier's page layout).
+    fn append_bytes(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) -> Result<()> {
+        fn put<T: Copy, const N: usize>(v: &[T], out: &mut Vec<u8>, bytes: impl Fn(T) -> [u8; N]) {
+            out.reserve(v.len() * N);
+            v.iter().for_each(|&x| out.extend_from_slice(&bytes(x)));
+        }
+        match self {
+            KvStorage::F32(v) => put(&v[range], out, f32::to_le_bytes),
+            KvStorage::F16(v) => put(&v[range], out, f16::to_le_bytes),
+            KvStorage::BF16(v) => put(&v[range], out, bf16::to_le_bytes),
+            KvStorage::Tensor(t) => {
+                let part = t.narrow(0, range.start, range.len())?;
+                match t.dtype() {
+                    DType::F32 => put(&part.to_vec1::<f32>()?, out, f32::to_le_bytes),
+                    DType::F16 => put(&part.to_vec1::<f16>()?, out, f16::to_le_bytes),
+                    DType::BF16 => put(&part.to_vec1::<bf16>()?, out, bf16::to_le_bytes),
+                    other => return Err(ModelError::KvPool(format!("a KV tensor of {other:?}"))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites the elements from `start` on with `bytes` in [`append_bytes`](Self::append_bytes)'s layout.
+    fn set_bytes(&mut self, start: usize, bytes: &[u8]) -> Result<()> {
+        fn get<'a, T, const N: usize>(
+            bytes: &'a [u8],
+            from: impl Fn([u8; N]) -> T + 'a,
+        ) -> impl Iterator<Item = T> + 'a {
+            bytes.chunks_exact(N).map(move |c| from(c.try_into().expect("chunks of N bytes")))
+        }
+        fn set<T, const N: usize>(v: &mut [T], bytes: &[u8], from: impl Fn([u8; N]) -> T) {
+            v.iter_mut().zip(get(bytes, from)).for_each(|(d, x)| *d = x);
+        }
+        match self {
+            KvStorage::F32(v) => set(&mut v[start..start + bytes.len() / 4], bytes, f32::from_le_bytes),
+            KvStorage::F16(v) => set(&mut v[start..start + bytes.len() / 2], bytes, f16::from_le_bytes),
+            KvStorage::BF16(v) => set(&mut v[start..start + bytes.len() / 2], bytes, bf16::from_le_bytes),
+            KvStorage::Tensor(t) => {
+                let device = t.device().clone();
+                let part = match t.dtype() {
+                    DType::F32 => Tensor::new(get(bytes, f32::from_le_bytes).collect::<Vec<_>>(), &device)?,
+                    DType::F16 => Tensor::new(get(bytes, f16::from_le_bytes).collect::<Vec<_>>(), &device)?,
+                    DType::BF16 => Tensor::new(get(bytes, bf16::from_le_bytes).collect::<Vec<_>>(), &device)?,
+                    other => return Err(ModelError::KvPool(format!("a KV tensor of {other:?}"))),
+                };
+                t.slice_set(&part, 0, start)?;
+            }
+        }
+        Ok(())
+    }
+
     fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) -> Result<()> {
         match self {
             KvStorage::F32(v) => v.copy_within(src, dst),
@@ -233,6 +285,51 @@ impl KvPool {
         Ok(())
     }
 
+    /// Bytes of one page in [`read_page`](Self::read_page)'s layout: every layer's K then V.
+    pub fn page_len_bytes(&self) -> usize {
+        2 * self.layers.len() * self.layout.page_size * self.layout.slot_len() * self.dtype.size()
+    }
+
+    /// Appends page `page`'s K/V to `out`: for every layer its K then its V slots, as
+    /// little-endian elements of the pool's type ([`page_len_bytes`](Self::page_len_bytes) of
+    /// them). The disk tier keeps pages in this layout.
+    pub fn read_page(&self, page: u32, out: &mut Vec<u8>) -> Result<()> {
+        let range = self.page_range(page)?;
+        for layer in &self.layers {
+            layer.k.append_bytes(range.clone(), out)?;
+            layer.v.append_bytes(range.clone(), out)?;
+        }
+        Ok(())
+    }
+
+    /// Overwrites page `page` with `bytes` in [`read_page`](Self::read_page)'s layout.
+    pub fn write_page(&mut self, page: u32, bytes: &[u8]) -> Result<()> {
+        let range = self.page_range(page)?;
+        if bytes.len() != self.page_len_bytes() {
+            return Err(ModelError::KvPool(format!(
+                "a page of {} bytes written into pages of {}",
+                bytes.len(),
+                self.page_len_bytes()
+            )));
+        }
+        let part = range.len() * self.dtype.size();
+        for (layer, bytes) in self.layers.iter_mut().zip(bytes.chunks_exact(2 * part)) {
+            layer.k.set_bytes(range.start, &bytes[..part])?;
+            layer.v.set_bytes(range.start, &bytes[part..])?;
+        }
+        Ok(())
+    }
+
+    /// The elements of page `page` in each layer's storage.
+    fn page_range(&self, page: u32) -> Result<std::ops::Range<usize>> {
+        let l = self.layout;
+        if page as usize >= l.num_pages {
+            return Err(ModelError::KvPool(format!("page {page} is outside {} pages", l.num_pages)));
+        }
+        let start = l.slot(page, 0) * l.slot_len();
+        Ok(start..start + l.page_size * l.slot_len())
+    }
+
     /// Fills every slot of every layer with random values (normal, standard deviation `std`), so
     /// that decode speed over a long context can be measured without prefilling it first.
     pub fn fill_random(&mut self, std: f32) -> Result<()> {
@@ -332,6 +429,37 @@ mod tests {
                 }
                 assert_ne!(pool.try_read_slot(1, 19).unwrap(), pool.try_read_slot(1, 7).unwrap());
                 assert!(pool.copy_page(6, 0, 1).is_err() && pool.copy_page(0, 1, 5).is_err());
+            }
+        }
+    }
+
+    /// A page read out and written into another page of another pool (host or tensors, same
+    /// element type) holds the same K and V in every layer, bit for bit.
+    #[test]
+    fn pages_read_out_and_written_back_are_bit_identical_across_storages() {
+        let c = config();
+        for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
+            let make = |device: bool| match device {
+                false => KvPool::new(&c, 4, 6, dtype).unwrap(),
+                true => KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap(),
+            };
+            for (from_device, to_device) in [(false, false), (false, true), (true, false), (true, true)] {
+                let mut from = make(from_device);
+                from.fill_random(1.0).unwrap();
+                let mut bytes = Vec::new();
+                from.read_page(2, &mut bytes).unwrap();
+                assert_eq!(bytes.len(), from.page_len_bytes());
+                assert_eq!(bytes.len(), KvPool::page_bytes(&c, 4, dtype));
+                let mut to = make(to_device);
+                to.write_page(5, &bytes).unwrap();
+                for layer in 0..2 {
+                    for offset in 0..4 {
+                        let want = from.try_read_slot(layer, 8 + offset).unwrap();
+                        assert_eq!(to.try_read_slot(layer, 20 + offset).unwrap(), want, "{dtype:?} layer {layer}");
+                    }
+                    assert_eq!(to.try_read_slot(layer, 19).unwrap().0, vec![0.0; 32], "neighbours untouched");
+                }
+                assert!(to.write_page(6, &bytes).is_err() && to.write_page(0, &bytes[1..]).is_err());
             }
         }
     }

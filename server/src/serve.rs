@@ -13,7 +13,7 @@ use radix_models::{
 use radix_serve::api::{
     ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, RequestRecorder, router,
 };
-use radix_serve::engine::{EngineConfig, EngineCore, EngineHandle};
+use radix_serve::engine::{DiskTier, EngineConfig, EngineCore, EngineHandle, ModelIdentity};
 use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
@@ -76,6 +76,14 @@ pub struct ServeArgs {
     /// Never reuse cached prefixes (every request prefills from scratch).
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Keep the prefix cache's KV pages on disk too, in this directory (one subdirectory per
+    /// model and KV layout): prefixes evicted from memory, or computed before a restart, are
+    /// read back instead of prefilled again. Dense models only for now.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// GiB of page files `--cache-dir` may hold (default 10); least recently used go first.
+    #[arg(long = "cache-disk")]
+    cache_disk_gib: Option<f64>,
     /// API key every route but /health requires, as `Authorization: Bearer <key>` or
     /// `x-api-key: <key>`; several may be given comma-separated.
     #[arg(long)]
@@ -335,7 +343,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         false => control_spellings.clone(),
     };
     let tokenizer = Arc::new(tokenizer);
-    let engine = EngineHandle::start(EngineCore::new(model, pool, config, Arc::clone(&tokenizer)));
+    let disk = if hybrid && args.cache_dir.is_some() {
+        eprintln!(
+            "radix-serve: warning: --cache-dir is ignored: the disk tier does not keep a hybrid model's \
+             recurrent-state snapshots yet, without which its cached KV cannot be resumed"
+        );
+        None
+    } else {
+        disk_tier(&args, files.path(), &model, &pool)?
+    };
+    let mut core = EngineCore::new(model, pool, config, Arc::clone(&tokenizer));
+    if let Some(disk) = disk {
+        core = core.with_disk_tier(disk);
+    }
+    let engine = EngineHandle::start(core);
+    let engine_at_exit = engine.clone();
     let state = Arc::new(ApiState {
         engine,
         tokenizer,
@@ -374,12 +396,81 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
              context {context_length}; listening on http://{local}"
         );
         axum::serve(listener, router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(shutdown_signal())
             .await
             .context("the HTTP server failed")
-    })
+    })?;
+    // Every request is answered; what the disk tier still has queued is written before exit.
+    engine_at_exit.flush_disk();
+    eprintln!("radix-serve: stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM: the HTTP server then stops accepting, answers the
+/// requests it has, and the disk tier writes what it has queued.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    eprintln!("radix-serve: shutting down: answering the requests in progress, then writing the disk cache");
+}
+
+/// The disk tier of `--cache-dir`, opened for this model and KV layout; `None` without the flag.
+fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> anyhow::Result<Option<DiskTier>> {
+    let Some(root) = &args.cache_dir else {
+        if args.cache_disk_gib.is_some() {
+            anyhow::bail!("--cache-disk needs --cache-dir (the directory the disk cache is kept in)");
+        }
+        return Ok(None);
+    };
+    let gib = args.cache_disk_gib.unwrap_or(10.0);
+    if !gib.is_finite() || gib <= 0.0 {
+        anyhow::bail!("--cache-disk {gib}: give the disk cache's size in GiB, a positive number");
+    }
+    if args.no_prefix_cache {
+        eprintln!("radix-serve: warning: --cache-dir is ignored with --no-prefix-cache");
+        return Ok(None);
+    }
+    let settings = format!(
+        "kv dtype {:?}, page size {}, device {}, tensor path {}\n{:?}",
+        pool.dtype(),
+        pool.page_size(),
+        device_name(model.device()),
+        args.tensor_path,
+        model.config()
+    );
+    let identity = ModelIdentity::of(weights, &settings)
+        .with_context(|| format!("cannot read {} to identify its disk cache", weights.display()))?;
+    let budget = (gib * (1u64 << 30) as f64) as u64;
+    let (disk, found) = DiskTier::open(root, &identity, budget, pool)
+        .with_context(|| format!("--cache-dir {}: cannot open the disk cache", root.display()))?;
+    eprintln!(
+        "radix-serve: disk cache {}: {} tokens in {} files ({:.1} MiB of {gib} GiB){}",
+        disk.dir().display(),
+        found.tokens,
+        found.files,
+        found.bytes as f64 / (1 << 20) as f64,
+        match found.damaged + found.unusable {
+            0 => String::new(),
+            _ => format!("; removed {} damaged and {} unreachable files", found.damaged, found.unusable),
+        }
+    );
+    Ok(Some(disk))
 }
 
 /// What answers while the model loads: `/health` says so with 503 (load balancers and the

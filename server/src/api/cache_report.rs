@@ -157,6 +157,10 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
         "divergence": divergence,
         "previous": previous,
     });
+    if report.restored_from_disk > 0 {
+        json["restored_from_disk"] = json!(report.restored_from_disk);
+        log_place.push_str(&format!(" ({} cached tokens restored from disk)", report.restored_from_disk));
+    }
     if let Some(recomputed) = report.recomputed_for_snapshot {
         json["recomputed_for_snapshot"] = json!(recomputed);
         log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
@@ -182,7 +186,10 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
             report.cached_tokens,
             reason.as_str()
         ),
-        _ => eprintln!("radix-serve: cache prompt={} cached={}: full hit", report.prompt_tokens, report.cached_tokens),
+        _ => eprintln!(
+            "radix-serve: cache prompt={} cached={}: full hit{log_place}",
+            report.prompt_tokens, report.cached_tokens
+        ),
     }
     let wanted = context.is_some_and(|c| c.wanted);
     Explained { report, reason, json, wanted }

@@ -85,6 +85,20 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_cache_evicted_pages_total", "KV pages evicted from the prefix cache.", m.evicted_pages),
         ("radix_serve_cache_evicted_tokens_total", "Tokens of the KV pages evicted.", m.evicted_tokens),
         ("radix_serve_cache_evicted_snapshots_total", "Recurrent-state snapshots evicted.", m.evicted_snapshots),
+        ("radix_serve_disk_restores_total", "Requests whose prompt was partly read back from disk.", m.disk.restores),
+        ("radix_serve_disk_restored_tokens_total", "Prompt tokens read back from disk.", m.disk.restored_tokens),
+        ("radix_serve_disk_files_read_total", "Page files read from disk.", m.disk.files_read),
+        ("radix_serve_disk_pages_read_total", "KV pages read back from the disk tier.", m.disk.pages_read),
+        (
+            "radix_serve_disk_damaged_files_total",
+            "Page files found damaged or missing (recomputed).",
+            m.disk.damaged_files,
+        ),
+        ("radix_serve_disk_files_written_total", "Page files written.", m.disk.files_written),
+        ("radix_serve_disk_written_bytes_total", "Bytes of page files written.", m.disk.bytes_written),
+        ("radix_serve_disk_write_errors_total", "Page file writes that failed.", m.disk.write_errors),
+        ("radix_serve_disk_evicted_files_total", "Page files removed (budget, damage).", m.disk.evicted_files),
+        ("radix_serve_disk_evicted_bytes_total", "Bytes of page files removed.", m.disk.evicted_bytes),
     ];
     for (name, help, value) in counters {
         scalar(&mut out, "counter", name, help, value);
@@ -103,6 +117,9 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_cache_snapshot_bytes", "Bytes of those snapshots.", s.snapshots * s.snapshot_bytes),
         ("radix_serve_cache_snapshot_slots", "Snapshot slots of the --state-cache budget.", s.snapshot_slots),
         ("radix_serve_state_slots_free", "Running-sequence state slots free.", s.state_slots_free),
+        ("radix_serve_disk_files", "Page files of the disk tier.", s.disk.files),
+        ("radix_serve_disk_tokens", "Tokens whose KV pages are on disk.", s.disk.tokens),
+        ("radix_serve_disk_pending_writes", "Page files queued and not yet written.", s.disk.pending_writes),
     ];
     for (name, help, value) in gauges {
         scalar(&mut out, "gauge", name, help, value);
@@ -121,13 +138,47 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     let usage = if s.pages_total == 0 { 0.0 } else { held as f64 / s.pages_total as f64 };
     let help = "Fraction of KV pages neither free nor in the prefix cache (held by running sequences).";
     scalar(&mut out, "gauge", "radix_serve_kv_usage_ratio", help, usage);
+    scalar(&mut out, "gauge", "radix_serve_disk_bytes", "Bytes of page files on disk.", s.disk.bytes);
+    scalar(
+        &mut out,
+        "gauge",
+        "radix_serve_disk_budget_bytes",
+        "The --cache-disk budget in bytes.",
+        s.disk.budget_bytes,
+    );
     let ttft = "Seconds from submission to the first token.";
     histogram(&mut out, "radix_serve_time_to_first_token_seconds", ttft, &m.time_to_first_token);
     let tpot = "Mean seconds between output tokens, per request.";
     histogram(&mut out, "radix_serve_time_per_output_token_seconds", tpot, &m.time_per_output_token);
     let queue = "Seconds from submission to admission.";
     histogram(&mut out, "radix_serve_queue_time_seconds", queue, &m.queue_time);
+    let read = "Seconds each restore from disk took (files read into the KV pool).";
+    histogram(&mut out, "radix_serve_disk_read_seconds", read, &m.disk.read_seconds);
     ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+/// The disk tier's part of `/v1/cache`.
+fn disk_json(s: &crate::engine::DiskStats, m: &crate::engine::DiskMetrics) -> serde_json::Value {
+    let h = &m.read_seconds;
+    json!({
+        "enabled": s.enabled,
+        "bytes": s.bytes,
+        "budget_bytes": s.budget_bytes,
+        "files": s.files,
+        "tokens": s.tokens,
+        "pending_writes": s.pending_writes,
+        "restores": m.restores,
+        "restored_tokens": m.restored_tokens,
+        "files_read": m.files_read,
+        "pages_read": m.pages_read,
+        "read_seconds_mean": if h.count == 0 { 0.0 } else { h.sum / h.count as f64 },
+        "damaged_files": m.damaged_files,
+        "files_written": m.files_written,
+        "written_bytes": m.bytes_written,
+        "write_errors": m.write_errors,
+        "evicted_files": m.evicted_files,
+        "evicted_bytes": m.evicted_bytes,
+    })
 }
 
 /// The cache's state; the text of the top prefixes only for an admin key (`--admin-api-key`),
@@ -163,6 +214,7 @@ async fn cache(State(state): State<Arc<ApiState>>, headers: axum::http::HeaderMa
         "snapshot_bytes": s.snapshots * s.snapshot_bytes,
         "snapshot_slots": s.snapshot_slots,
         "evicted_snapshots": m.evicted_snapshots,
+        "disk": disk_json(&s.disk, &m.disk),
         "top_prefixes": top,
     }))
     .into_response()

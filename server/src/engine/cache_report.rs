@@ -71,6 +71,8 @@ pub struct CacheReport {
     pub reason: Option<MissReason>,
     /// [`MissReason::NoSnapshot`]: cached tokens computed again to reach the snapshot.
     pub recomputed_for_snapshot: Option<usize>,
+    /// Of `cached_tokens`, those whose K/V were read back from the disk tier (`--cache-dir`).
+    pub restored_from_disk: usize,
 }
 
 impl CacheReport {

@@ -11,6 +11,7 @@ use radix_models::{ForwardBatch, KvPool, Model, StatePool};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
+use super::disk_tier::{DiskStats, DiskTier};
 use super::metrics::EngineMetrics;
 use super::postprocess::{Logits, Postprocess};
 use super::prefix_cache::PrefixCache;
@@ -81,6 +82,8 @@ pub struct EngineStats {
     pub state_slots: usize,
     /// See [`EngineStats::state_slots`].
     pub state_slots_free: usize,
+    /// The disk tier (`--cache-dir`); `enabled: false` without one.
+    pub disk: DiskStats,
 }
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
@@ -111,6 +114,8 @@ pub struct EngineCore {
     /// Recently computed sequences, to explain cache misses.
     recent: RecentSequences,
     metrics: EngineMetrics,
+    /// The prefix cache's pages on disk too (`--cache-dir`; dense models only).
+    disk: Option<DiskTier>,
     /// A prompt token that makes a step panic (debug builds, `RADIX_SERVE_FAULT_TOKEN`): how the
     /// end-to-end tests show that a failed step fails its batch and nothing else.
     fault_token: Option<u32>,
@@ -148,11 +153,30 @@ impl EngineCore {
             postprocess: Postprocess::new(tokenizer, config.max_context),
             recent: RecentSequences::new(RECENT_SEQUENCES),
             metrics: EngineMetrics::default(),
+            disk: None,
             fault_token: if cfg!(debug_assertions) {
                 std::env::var("RADIX_SERVE_FAULT_TOKEN").ok().and_then(|t| t.parse().ok())
             } else {
                 None
             },
+        }
+    }
+
+    /// Keeps the prefix cache's pages in `disk` too: written as the tree takes them in, read
+    /// back when a prompt continues past what the tree holds (ARCHITECTURE.md §3, "Disk tier").
+    /// A hybrid model's prefix needs its recurrent state as well, which the disk tier does not
+    /// hold yet: it gets none.
+    pub fn with_disk_tier(mut self, disk: DiskTier) -> Self {
+        if self.state.is_none() && self.cache.serves(true) {
+            self.disk = Some(disk);
+        }
+        self
+    }
+
+    /// Waits until the disk tier has written everything queued (a graceful shutdown).
+    pub fn flush_disk(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush();
         }
     }
 
@@ -194,6 +218,7 @@ impl EngineCore {
             snapshot_bytes: self.slot_bytes,
             state_slots: if self.state.is_some() { self.scheduler.max_running() } else { 0 },
             state_slots_free: self.free_slots.len(),
+            disk: self.disk.as_ref().map(DiskTier::stats).unwrap_or_default(),
         }
     }
 
@@ -217,6 +242,7 @@ impl EngineCore {
             evicted_pages: evicted,
             evicted_tokens: evicted * self.cache.page_size() as u64,
             evicted_snapshots: self.cache.evicted_snapshots(),
+            disk: self.disk.as_ref().map(DiskTier::metrics).unwrap_or_default(),
             ..self.metrics.clone()
         }
     }
@@ -296,6 +322,17 @@ impl EngineCore {
                     seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
                 }
             }
+            // The disk tier may hold more of the prompt than the tree: read it into the
+            // sequence's own pages before its prefill (synchronously).
+            let mut restored = 0;
+            if let Some(disk) = self.disk.as_mut()
+                && self.cache.serves(seq.request.use_cache)
+            {
+                let key = seq.cache_key(seq.prompt_len - 1);
+                restored = disk.restore(&key, seq.cached_tokens, &seq.pages, &mut self.pool);
+                seq.cached_tokens += restored;
+                seq.computed += restored;
+            }
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
             let prompt = &seq.tokens[..seq.prompt_len];
@@ -303,6 +340,7 @@ impl EngineCore {
             let cache_on = self.cache.serves(seq.request.use_cache);
             let mut report = CacheReport::judge(prompt, seq.cached_tokens, cache_on, page_size, previous);
             report.no_snapshot(seq.kv_matched, page_size);
+            report.restored_from_disk = restored;
             let _ = seq.events.send(EngineEvent::Started {
                 prompt_tokens: seq.prompt_len,
                 cached_tokens: seq.cached_tokens,
@@ -341,6 +379,11 @@ impl EngineCore {
             }
             if seq.computed < seq.prompt_len && member.end >= seq.prompt_len {
                 self.cache.share_prompt(seq, member.end);
+                if let Some(disk) = self.disk.as_mut()
+                    && self.cache.serves(seq.request.use_cache)
+                {
+                    disk.persist(&seq.cache_key(member.end), &seq.pages, &self.pool);
+                }
             }
             seq.computed = member.end;
         }
@@ -365,6 +408,14 @@ impl EngineCore {
         }
         self.recent.record(&seq.tokens[..seq.computed], seq.prompt_len, seq.request.tenant);
         self.save_final_snapshot(&mut seq, failed);
+        // Before the release frees the pages the tree does not take (a failed step's K/V may be
+        // half written: not kept).
+        if let Some(disk) = self.disk.as_mut()
+            && !failed
+            && self.cache.serves(seq.request.use_cache)
+        {
+            disk.persist(&seq.cache_key(seq.computed), &seq.pages, &self.pool);
+        }
         self.cache.release(&mut seq);
         if let Some(slot) = seq.state_slot.take() {
             self.free_slots.push(slot);
@@ -432,6 +483,9 @@ impl EngineCore {
     /// and each snapshot slot free, in the tree, or held by one.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.cache.check_invariants(self.scheduler.running())?;
+        if let Some(disk) = &self.disk {
+            disk.check_invariants()?;
+        }
         if self.state.is_some() {
             let mut slots: Vec<u32> = self.scheduler.running().iter().filter_map(|s| s.state_slot).collect();
             if slots.len() != self.scheduler.running().len() {

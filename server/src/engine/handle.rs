@@ -17,6 +17,8 @@ enum Command {
     Generate(Box<GenerateRequest>, UnboundedSender<EngineEvent>),
     FlushCache,
     RecentPrefixes(tokio::sync::oneshot::Sender<Vec<RecentPrefix>>),
+    /// Answer once the disk tier has written everything queued.
+    FlushDisk(Sender<()>),
 }
 
 /// What the engine thread publishes after every step.
@@ -92,6 +94,16 @@ impl EngineHandle {
         self.shared.metrics.lock().expect("metrics lock is never poisoned").clone()
     }
 
+    /// Waits until the disk tier (`--cache-dir`) has written everything queued: a graceful
+    /// shutdown calls it once the HTTP server has answered its last request. Returns at once if
+    /// the engine thread has ended.
+    pub fn flush_disk(&self) {
+        let (done, wait) = channel();
+        if self.commands.send(Command::FlushDisk(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+
     /// Recently computed sequences, most reused first; `None` if the engine has stopped.
     pub async fn recent_prefixes(&self) -> Option<Vec<RecentPrefix>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -119,6 +131,10 @@ fn run(mut core: EngineCore, inbox: Receiver<Command>, shared: Arc<Shared>) {
             Command::FlushCache => flush_pending = true,
             Command::RecentPrefixes(reply) => {
                 let _ = reply.send(core.recent_prefixes());
+            }
+            Command::FlushDisk(done) => {
+                core.flush_disk();
+                let _ = done.send(());
             }
         };
         if core.idle() {

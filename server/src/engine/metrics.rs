@@ -25,7 +25,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    pub(crate) fn new(bounds: &'static [f64]) -> Self {
         Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
     }
 
@@ -64,6 +64,54 @@ pub struct EngineMetrics {
     pub time_per_output_token: Histogram,
     /// Submission to admission.
     pub queue_time: Histogram,
+    /// The disk tier (`--cache-dir`), all zero without one.
+    pub disk: DiskMetrics,
+}
+
+/// The disk tier's totals since start-up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskMetrics {
+    /// Requests that had pages read back from disk.
+    pub restores: u64,
+    /// Prompt tokens whose K/V were read back (counted in `cached_tokens` too).
+    pub restored_tokens: u64,
+    /// Page files read.
+    pub files_read: u64,
+    /// Pages read back.
+    pub pages_read: u64,
+    /// Seconds each restore took (every file it read, into the pool).
+    pub read_seconds: Histogram,
+    /// Page files found damaged or missing on a read (their pages were recomputed) or refused
+    /// at start-up.
+    pub damaged_files: u64,
+    /// Page files written.
+    pub files_written: u64,
+    /// Bytes of those files.
+    pub bytes_written: u64,
+    /// Writes that failed.
+    pub write_errors: u64,
+    /// Page files removed to stay within `--cache-disk` (or no longer referenced).
+    pub evicted_files: u64,
+    /// Bytes of those files.
+    pub evicted_bytes: u64,
+}
+
+impl Default for DiskMetrics {
+    fn default() -> Self {
+        DiskMetrics {
+            restores: 0,
+            restored_tokens: 0,
+            files_read: 0,
+            pages_read: 0,
+            read_seconds: Histogram::new(LATENCY_BOUNDS),
+            damaged_files: 0,
+            files_written: 0,
+            bytes_written: 0,
+            write_errors: 0,
+            evicted_files: 0,
+            evicted_bytes: 0,
+        }
+    }
 }
 
 impl Default for EngineMetrics {
@@ -80,6 +128,7 @@ impl Default for EngineMetrics {
             time_to_first_token: Histogram::new(LATENCY_BOUNDS),
             time_per_output_token: Histogram::new(TOKEN_BOUNDS),
             queue_time: Histogram::new(LATENCY_BOUNDS),
+            disk: DiskMetrics::default(),
         }
     }
 }

@@ -157,6 +157,27 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Sends the server `signal` (`TERM`, `KILL`, as `kill -s` spells them) and waits until it
+    /// has exited (two minutes at most: a graceful stop answers what is in progress first).
+    /// Returns how it exited.
+    pub fn stop_with(&mut self, signal: &str) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-s", signal, &pid]).status().expect("kill runs");
+        assert!(sent.success(), "kill -s {signal} {pid}");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The log thread reads what the server wrote last.
+                std::thread::sleep(Duration::from_millis(200));
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit within 2 minutes of SIG{signal}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
