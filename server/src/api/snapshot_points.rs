@@ -31,7 +31,7 @@
 //! Some of these are *expected* points, where a later request is expected to resume, and the
 //! engine keeps their snapshots over the others (`engine/radix/snapshots.rs`): the system
 //! block's (the tools end, each system message, the `<env>` block, the first message after
-//! the system block; sessions and subagents share them), the generation prompt's, and where
+//! the system block; sessions and subagents share them), the reply's header, and where
 //! the next user turn diverges. That last one is found by rendering the request with one more
 //! user message: a template that re-renders history when a new user query arrives (Qwen3.5
 //! drops the reasoning of every turn before it) diverges from this prompt inside the history,

@@ -236,7 +236,7 @@ fn assistant_turns_are_found_by_what_the_template_renders_of_them() {
 
 /// What a later request is expected to resume from: the system block, the first message after
 /// it, where the next user turn diverges (Qwen3.5 drops the reasoning of the turn's first
-/// assistant message), and the generation prompt; not the boundaries in between.
+/// assistant message), and the reply's header; not the boundaries in between.
 #[test]
 fn the_system_block_the_next_user_turn_and_the_generation_prompt_are_expected() {
     let mut messages = first_turn("/home/alice/alpha");

@@ -16,6 +16,16 @@ fn tree_with(len: usize, points: &[usize], expected: &[usize]) -> (RadixCache, V
     (tree, tokens)
 }
 
+/// Two sessions of 1,200 tokens that share their first 1,000 (pages of one token).
+fn two_sessions() -> (RadixCache, Vec<u32>, Vec<u32>) {
+    let mut tree = RadixCache::new(1);
+    let a: Vec<u32> = (0..1200).collect();
+    let b: Vec<u32> = (0..1000).chain(5000..5200).collect();
+    tree.insert(&a, &(0..1200).collect::<Vec<_>>());
+    tree.insert(&b, &(1200..2400).collect::<Vec<_>>());
+    (tree, a, b)
+}
+
 fn evict_all(tree: &mut RadixCache) -> Vec<u32> {
     std::iter::from_fn(|| tree.evict_snapshot()).collect()
 }
@@ -68,11 +78,7 @@ fn intermediate_boundaries_go_before_the_tip_and_the_expected_points() {
 fn a_snapshot_where_the_tree_branches_is_kept_like_a_tip() {
     // Two sessions share a 1,000-token prefix with a snapshot at its end, then each has a
     // boundary and a tip of its own.
-    let mut tree = RadixCache::new(1);
-    let a: Vec<u32> = (0..1200).collect();
-    let b: Vec<u32> = (0..1000).chain(5000..5200).collect();
-    tree.insert(&a, &(0..1200).collect::<Vec<_>>());
-    tree.insert(&b, &(1200..2400).collect::<Vec<_>>());
+    let (mut tree, a, b) = two_sessions();
     tree.attach_snapshot(&a[..1000], 0, false).unwrap();
     tree.attach_snapshot(&a[..1100], 1, false).unwrap();
     tree.attach_snapshot(&a[..1200], 2, false).unwrap();
@@ -122,11 +128,7 @@ fn a_turn_that_resumes_from_its_history_supersedes_the_reply_grown_there() {
 fn a_turn_that_resumes_where_sessions_branch_supersedes_nothing() {
     // Two sessions branch at 1,000 tokens; one has a point its next turn is expected at, below
     // its tip. A third session resumes at the branch without naming it.
-    let mut tree = RadixCache::new(1);
-    let a: Vec<u32> = (0..1200).collect();
-    let b: Vec<u32> = (0..1000).chain(5000..5200).collect();
-    tree.insert(&a, &(0..1200).collect::<Vec<_>>());
-    tree.insert(&b, &(1200..2400).collect::<Vec<_>>());
+    let (mut tree, a, b) = two_sessions();
     tree.attach_snapshot(&a[..1000], 0, false).unwrap();
     tree.attach_snapshot(&a[..1100], 1, true).unwrap();
     tree.attach_snapshot(&a, 2, true).unwrap();
