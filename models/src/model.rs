@@ -20,6 +20,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_pool::{KvDType, KvPool};
 use crate::layers::Embedding;
+use crate::recommended_sampling::RecommendedSampling;
 use crate::rope::{Rope, RopeLayout};
 use crate::state_pool::StatePool;
 use crate::weights::{GgufSource, Naming, RandomWeights, SafetensorsSource, TensorName, WeightSource, Weights};
@@ -79,6 +80,8 @@ pub struct Model {
     device: Device,
     /// Run the tensor path (always on a GPU).
     tensor_path: bool,
+    /// The sampling settings the model's files recommend.
+    recommended_sampling: RecommendedSampling,
 }
 
 impl std::fmt::Debug for Model {
@@ -126,7 +129,8 @@ impl Model {
         // llama.cpp's converter permutes Llama's q/k rows for interleaved rotation; Qwen keeps
         // the Hugging Face layout.
         let layout = if config.arch == Architecture::Llama { RopeLayout::Interleaved } else { RopeLayout::Neox };
-        Self::from_source(&source, config, layout, options, progress)
+        let model = Self::from_source(&source, config, layout, options, progress)?;
+        Ok(Model { recommended_sampling: RecommendedSampling::from_gguf(&source.content().metadata), ..model })
     }
 
     fn safetensors_dir(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
@@ -135,7 +139,8 @@ impl Model {
             .map_err(|e| ModelError::BadFile { path: config_path.clone(), message: format!("cannot read: {e}") })?;
         let config = ModelConfig::from_hf_json(&text)?;
         let source = SafetensorsSource::open(dir, config.arch)?;
-        Self::from_source(&source, config, RopeLayout::Neox, options, progress)
+        let model = Self::from_source(&source, config, RopeLayout::Neox, options, progress)?;
+        Ok(Model { recommended_sampling: RecommendedSampling::from_model_dir(dir), ..model })
     }
 
     /// A model of `config`'s shape with random weights (see [`RandomWeights`]), for speed
@@ -186,7 +191,18 @@ impl Model {
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
         let tensor_path = options.tensor_path || !device.is_cpu();
-        Ok(Model { config, embedding, layers, head, rope, threads, notes, device: device.clone(), tensor_path })
+        Ok(Model {
+            config,
+            embedding,
+            layers,
+            head,
+            rope,
+            threads,
+            notes,
+            device: device.clone(),
+            tensor_path,
+            recommended_sampling: RecommendedSampling::default(),
+        })
     }
 
     /// The device the model runs on.
@@ -216,6 +232,12 @@ impl Model {
     /// The model's shape.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The sampling settings the model's files recommend (GGUF `general.sampling.*`, or
+    /// `generation_config.json`), for requests that set none.
+    pub fn recommended_sampling(&self) -> &RecommendedSampling {
+        &self.recommended_sampling
     }
 
     /// Conversions made at load that are worth logging (e.g. Q4_1 weights converted to Q8_0).

@@ -100,6 +100,27 @@ impl StatePool {
         Ok(out)
     }
 
+    /// Sets slot `slot`'s state from `values`, in [`read_slot`](Self::read_slot)'s order (a
+    /// snapshot read back from disk).
+    pub fn write_slot(&mut self, slot: u32, values: &[f32]) -> Result<()> {
+        self.check(slot)?;
+        let per_layer = self.conv_len + self.ssm_len;
+        if values.len() != self.layers.len() * per_layer {
+            return Err(ModelError::KvPool(format!(
+                "a state of {} values for slots of {}",
+                values.len(),
+                self.layers.len() * per_layer
+            )));
+        }
+        let slot = slot as usize;
+        for (layer, values) in self.layers.iter_mut().zip(values.chunks_exact(per_layer)) {
+            let (conv, ssm) = values.split_at(self.conv_len);
+            layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len].copy_from_slice(conv);
+            layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len].copy_from_slice(ssm);
+        }
+        Ok(())
+    }
+
     /// Whether the pool was made for this many recurrent layers of these sizes.
     pub(crate) fn fits(&self, hybrid: &HybridConfig) -> bool {
         self.layers.len() == hybrid.num_recurrent_layers()
@@ -139,7 +160,8 @@ mod tests {
         .unwrap()
     }
 
-    /// Copying a slot copies exactly that slot in every layer; clearing zeroes exactly one.
+    /// Copying a slot copies exactly that slot in every layer; clearing zeroes exactly one; a
+    /// slot written from values reads them back.
     #[test]
     fn copy_and_clear_touch_exactly_one_slot() {
         let c = config();
@@ -158,6 +180,10 @@ mod tests {
         assert!(pool.read_slot(0).unwrap().iter().all(|&v| v == 0.0));
         assert_eq!(pool.read_slot(1).unwrap(), s0);
         assert!(pool.copy_slot(0, 3).is_err() && pool.clear_slot(3).is_err());
+        pool.write_slot(2, &s0).unwrap();
+        assert_eq!(pool.read_slot(2).unwrap(), s0, "a slot written reads back");
+        assert_eq!(pool.read_slot(1).unwrap(), s0);
+        assert!(pool.write_slot(2, &s0[1..]).is_err() && pool.write_slot(3, &s0).is_err());
         let per_layer = (3 * 56 + 4 * 8 * 6) * 4;
         assert_eq!(StatePool::slot_bytes(&c).unwrap(), 3 * per_layer);
     }

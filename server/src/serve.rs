@@ -8,7 +8,8 @@ use anyhow::Context;
 use radix_models::default_model::{FetchProgress, default_model_dir};
 use radix_models::tokenizer::Tokenizer;
 use radix_models::{
-    HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, StatePool, device_name, parse_device, resolve_model,
+    HubOptions, KvDType, KvPool, LoadOptions, Model, ModelFiles, RecommendedSampling, StatePool, device_name,
+    parse_device, resolve_model,
 };
 use radix_serve::api::{
     ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, RequestRecorder, router,
@@ -18,11 +19,13 @@ use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
+use crate::sampling_args::SamplingArgs;
+
 /// Options of the server; names follow llama-server's where they mean the same.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Model: a .gguf file, a model directory, or a hub id (`owner/name`, `owner/name:file.gguf`).
-    /// Default: SmolLM2-135M-Instruct, fetched by scripts/assets.sh.
+    /// Default: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), fetched into the cache directory.
     #[arg(short = 'm', long)]
     model: Option<String>,
     /// Hub revision (branch, tag or commit) for a hub id.
@@ -126,6 +129,8 @@ pub struct ServeArgs {
     /// Most requests waiting for admission; generation routes answer 503 beyond it.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
 }
 
 impl ServeArgs {
@@ -200,6 +205,8 @@ impl FetchProgress for StderrProgress {
 
 /// Loads everything, then serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // A bad sampling flag fails before the model loads.
+    args.sampling.defaults(&RecommendedSampling::default())?;
     let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
     let admin_keys = ApiKeys::load_admin(args.admin_api_key.as_deref())?;
     let recorder = match &args.record_requests {
@@ -258,6 +265,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for note in model.load_notes() {
         eprintln!("radix-serve: {note}");
     }
+    let sampling = args.sampling.defaults(model.recommended_sampling())?;
+    eprintln!("radix-serve: requests that set no sampling fields get {}", sampling.description);
     let tokenizer = match &files {
         ModelFiles::Gguf(path) => Tokenizer::from_gguf_file(path)?,
         ModelFiles::Directory(dir) => Tokenizer::from_model_dir(dir)?,
@@ -343,15 +352,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         false => control_spellings.clone(),
     };
     let tokenizer = Arc::new(tokenizer);
-    let disk = if hybrid && args.cache_dir.is_some() {
-        eprintln!(
-            "radix-serve: warning: --cache-dir is ignored: the disk tier does not keep a hybrid model's \
-             recurrent-state snapshots yet, without which its cached KV cannot be resumed"
-        );
-        None
-    } else {
-        disk_tier(&args, files.path(), &model, &pool)?
-    };
+    let disk = disk_tier(&args, files.path(), &model, &pool)?;
     let mut core = EngineCore::new(model, pool, config, Arc::clone(&tokenizer));
     if let Some(disk) = disk {
         core = core.with_disk_tier(disk);
@@ -365,6 +366,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         format,
         stop_tokens,
         model_name: model_name.clone(),
+        sampling_defaults: sampling.params,
         context_length,
         model_type,
         prefix_cache: !args.no_prefix_cache,
@@ -446,8 +448,11 @@ fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> 
         eprintln!("radix-serve: warning: --cache-dir is ignored with --no-prefix-cache");
         return Ok(None);
     }
+    // The server's version too: another build may compute K/V and states a little otherwise,
+    // and what it left must not change this one's answers.
     let settings = format!(
-        "kv dtype {:?}, page size {}, device {}, tensor path {}\n{:?}",
+        "radix-serve {}, kv dtype {:?}, page size {}, device {}, tensor path {}\n{:?}",
+        env!("CARGO_PKG_VERSION"),
         pool.dtype(),
         pool.page_size(),
         device_name(model.device()),
@@ -457,13 +462,21 @@ fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> 
     let identity = ModelIdentity::of(weights, &settings)
         .with_context(|| format!("cannot read {} to identify its disk cache", weights.display()))?;
     let budget = (gib * (1u64 << 30) as f64) as u64;
-    let (disk, found) = DiskTier::open(root, &identity, budget, pool)
-        .with_context(|| format!("--cache-dir {}: cannot open the disk cache", root.display()))?;
+    let opened = match model.config().hybrid.is_some() {
+        true => DiskTier::open_hybrid(root, &identity, budget, pool, StatePool::slot_bytes(model.config())?),
+        false => DiskTier::open(root, &identity, budget, pool),
+    };
+    let (disk, found) =
+        opened.with_context(|| format!("--cache-dir {}: cannot open the disk cache", root.display()))?;
     eprintln!(
-        "radix-serve: disk cache {}: {} tokens in {} files ({:.1} MiB of {gib} GiB){}",
+        "radix-serve: disk cache {}: {} tokens in {} files{} ({:.1} MiB of {gib} GiB){}",
         disk.dir().display(),
         found.tokens,
         found.files,
+        match model.config().hybrid.is_some() {
+            true => format!(", {} state snapshots", found.snapshots),
+            false => String::new(),
+        },
         found.bytes as f64 / (1 << 20) as f64,
         match found.damaged + found.unusable {
             0 => String::new(),

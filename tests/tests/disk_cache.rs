@@ -1,7 +1,8 @@
 //! The disk tier end to end (`--cache-dir`, `--cache-disk`): an agent-shaped session survives
 //! a restart after SIGTERM and after SIGKILL; damaged page files are recomputed with the same
 //! answer; the budget holds; another model file in the same directory reuses nothing.
-//! SmolLM2-135M, except the last test (the tiny qwen3 fixtures); about a minute in all on two
+//! A hybrid (Qwen3.5) session resumes from its snapshots on disk. SmolLM2-135M, except the last
+//! two tests (the tiny qwen3 and qwen35 fixtures); about a minute in all on two
 //! cores.
 
 mod common;
@@ -280,4 +281,43 @@ fn another_model_file_with_the_same_cache_dir_reuses_nothing() {
     assert!(completion(&quantized) > 100, "the first model's own cache is still there");
     let models = std::fs::read_dir(&dir.0).unwrap().count();
     assert_eq!(models, 2, "one directory per model");
+}
+
+#[test]
+fn a_hybrid_session_resumes_from_its_snapshots_on_disk_after_a_restart() {
+    let dir = TempDir::new("hybrid");
+    let model = workspace_root().join("models/tests/fixtures/tiny/qwen35/model-q8_0.gguf");
+    let template = asset("qwen35_template");
+    let start = |flags: &[&str]| {
+        let mut command = std::process::Command::new(binary());
+        command.args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2", "-c", "4096"]);
+        command.args(["--chat-template-file", template.to_str().unwrap()]).args(flags);
+        Server::start_custom(command)
+    };
+    let flags = ["--cache-dir", dir.arg()];
+    let mut server = start(&flags);
+    // The toy vocabulary spends a token per byte.
+    let mut messages = json!([{"role": "system", "content": filler(3, 120)}]);
+    let mut previous = 0;
+    for turn in 0..3 {
+        messages.as_array_mut().unwrap().push(json!({"role": "user", "content": filler(40 + turn, 15)}));
+        let reply = post_chat(&server, &messages);
+        previous = prompt_tokens(&reply);
+        messages.as_array_mut().unwrap().push(json!({"role": "assistant", "content": content(&reply)}));
+    }
+    assert!(server.stop_with("TERM").success());
+    drop(server);
+    let restarted = start(&flags);
+    assert!(restarted.log().iter().any(|l| l.contains("state snapshots")), "{:?}", restarted.log());
+    let next = post_chat(&restarted, &fourth_turn(messages.clone()));
+    // Where memory would have resumed: the last message boundary before the previous reply's
+    // header, which the next turn renders without the `<think>` the generation prompt opened
+    // (the toy model's replies are all reasoning).
+    assert!(cached(&next) * 100 >= previous * 90, "{} of the previous {previous} cached: {next}", cached(&next));
+    assert!(next["cache_report"]["restored_from_disk"].as_u64().unwrap_or(0) > 0, "{next}");
+    assert!(metric(&restarted, "radix_serve_disk_snapshots_restored_total") >= 1.0);
+    drop(restarted);
+    let cold = start(&["--no-prefix-cache"]);
+    let reference = post_chat(&cold, &fourth_turn(messages));
+    assert_eq!(content(&next), content(&reference), "the restored state gives the cold answer");
 }

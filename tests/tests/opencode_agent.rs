@@ -3,13 +3,19 @@
 //! runs one task in a small git repository with an isolated HOME and config, against
 //! radix-serve on its default model, Qwen2.5-Coder-0.5B-Instruct.
 //!
-//! What must hold, read from `opencode export`: the model calls OpenCode's `read` tool on the
-//! file (a tool part, and at least one call finishes: its result, or the tool's error about the
-//! arguments the model chose, goes back to the model), the
-//! session runs several requests, and from the second request on each reports cached prompt
-//! tokens (`tokens.cache.read > 0`): OpenCode's 7k-token system prompt and tool schemas are
-//! prefilled once. Whether the 0.5B model then writes a final answer is not asserted: it often
-//! ends its turn with an empty reply once it has read the file (seen on this machine kind).
+//! What must hold, read from `opencode export`: the model calls one of OpenCode's tools and at
+//! least one call finishes (OpenCode ran the call the server parsed, and its result, or the
+//! tool's error about the arguments the model chose, went back to the model), the session runs
+//! several requests, and from the second request on each reports cached prompt tokens
+//! (`tokens.cache.read > 0`): OpenCode's 7k-token system prompt and tool schemas are prefilled
+//! once. Which tool the 0.5B model picks is not asserted: asked to use `read`, it reads the
+//! file on this machine, but one CI run saw it call other tools. Nor is a final answer: it often
+//! ends its turn with an empty reply once it has read the file.
+//!
+//! The server samples with Qwen2.5's recommended settings and a fixed seed (`--temp 0.7
+//! --top-k 20 --top-p 0.8 --seed 3`), so a run repeats on one machine; OpenCode sends none of
+//! its own. The agent gets 4 steps (`steps`), after which OpenCode asks for a text answer: the
+//! model sometimes reads the same file again and again, and each step costs a prefill.
 //!
 //! Skips, saying so, where the pinned OpenCode build cannot be had (no npm registry, or not
 //! x86-64 Linux).
@@ -101,6 +107,7 @@ fn opencode_reads_a_file_through_radix_serve_and_hits_the_cache() {
 
     let mut command = Command::new(common::binary());
     command.args(["--port", "0", "--threads", "2"]);
+    command.args(["--temp", "0.7", "--top-k", "20", "--top-p", "0.8", "--seed", "3"]);
     let server = Server::start_custom(command);
     let model = server.get("/v1/models")["data"][0]["id"].as_str().unwrap().to_owned();
     let config = json!({
@@ -109,6 +116,7 @@ fn opencode_reads_a_file_through_radix_serve_and_hits_the_cache() {
             "options": {"baseURL": format!("{}/v1", server.base)},
             "models": {model.clone(): {"name": "Qwen2.5 Coder 0.5B", "tool_call": true}}}},
         "model": format!("radix/{model}"),
+        "agent": {"build": {"steps": 4}},
         "autoupdate": false,
         "share": "disabled",
     });
@@ -124,21 +132,20 @@ fn opencode_reads_a_file_through_radix_serve_and_hits_the_cache() {
 
     let assistant: Vec<&Json> =
         export["messages"].as_array().unwrap().iter().filter(|m| m["info"]["role"] == "assistant").collect();
-    assert!(assistant.len() >= 2, "several requests in the session: {export}");
-    let reads: Vec<&Json> = assistant
-        .iter()
-        .flat_map(|m| m["parts"].as_array().unwrap())
-        .filter(|p| p["type"] == "tool" && p["tool"] == "read")
-        .collect();
-    assert!(
-        reads.iter().any(|p| p["state"]["input"]["filePath"].as_str() == notes.to_str()),
-        "the model calls read on the file: {export}"
-    );
+    let tools: Vec<&Json> =
+        assistant.iter().flat_map(|m| m["parts"].as_array().unwrap()).filter(|p| p["type"] == "tool").collect();
+    // One line per call, for a failure message that survives truncated CI logs.
+    let calls: Vec<String> =
+        tools.iter().map(|p| format!("{} {} -> {}", p["tool"], p["state"]["input"], p["state"]["status"])).collect();
+    eprintln!("the model's tool calls:\n{}", calls.join("\n"));
+    assert!(assistant.len() >= 2, "several requests in the session; tool calls: {calls:?}");
     // Finished either way, its output or its error went back to the model in the next request.
     // Whether the 0.5B model asks for a sane line range is not the server's doing: sampled, it
     // now and then passes an offset past the file's end (and greedy, it always does).
-    let finished = |p: &&Json| matches!(p["state"]["status"].as_str(), Some("completed" | "error"));
-    assert!(reads.iter().any(finished), "a read finishes: {export}");
+    // OpenCode files a call it could not parse (unknown tool, bad arguments) under `invalid`.
+    let finished =
+        |p: &&Json| p["tool"] != "invalid" && matches!(p["state"]["status"].as_str(), Some("completed" | "error"));
+    assert!(tools.iter().any(finished), "a tool call finishes: {calls:?}");
     for (i, message) in assistant.iter().enumerate().skip(1) {
         let read = message["info"]["tokens"]["cache"]["read"].as_u64().unwrap_or(0);
         assert!(read > 0, "request {i} of the session reads the cache: {}", message["info"]);

@@ -19,7 +19,7 @@ use super::request::{
     ChatBody, ChatCompletionRequest, ToolChoice, ToolDefinition, check_context, parse_body, top_logprobs,
 };
 use super::{ApiError, ApiState};
-use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
+use crate::engine::{GenerateRequest, Tenant, Timings};
 
 /// A chat request, decided: what to generate and how the client wants it back.
 pub(super) struct PreparedChat {
@@ -77,7 +77,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         Some(_) => return Err(ApiError::bad_request("'max_tokens' must be at least 1")),
         None => context - prompt.len(),
     };
-    let mut sampling = sampling_fields.over(&SamplingParams::default())?;
+    let mut sampling = sampling_fields.over(&state.sampling_defaults)?;
     sampling.logprobs = logprobs_setting(&fields)?;
     let tools_enabled =
         chat.tools.as_ref().is_some_and(|t| !t.is_empty()) && fields.tool_choice != Some(ToolChoice::None);

@@ -91,7 +91,7 @@ async fn completions(State(state): State<Arc<ApiState>>, headers: HeaderMap, bod
             None => DEFAULT_MAX_TOKENS,
         };
         let defaults =
-            SamplingParams { logprobs: top_logprobs(fields.logprobs, "logprobs")?, ..SamplingParams::default() };
+            SamplingParams { logprobs: top_logprobs(fields.logprobs, "logprobs")?, ..state.sampling_defaults.clone() };
         let sampling = sampling_fields.over(&defaults)?;
         let spec = text_spec(state, fields.prompt.as_ref(), sampling, max_tokens, &output, tenant)?;
         Ok((spec, output, max_tokens == 0))

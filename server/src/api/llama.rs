@@ -38,11 +38,6 @@ pub(super) fn routes() -> Router<Arc<ApiState>> {
         .route("/slots", get(llama_meta::slots))
 }
 
-/// llama-server's sampling defaults for `/completion` (its `/props` reports these).
-pub(super) fn llama_defaults() -> SamplingParams {
-    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, ..SamplingParams::default() }
-}
-
 /// llama-server reports its "random" seed as this (`LLAMA_DEFAULT_SEED`).
 const RANDOM_SEED: u64 = u32::MAX as u64;
 
@@ -116,7 +111,7 @@ async fn completion(State(state): State<Arc<ApiState>>, headers: HeaderMap, body
             GenerationBody::<LlamaCompletionRequest>::parse(&body)?;
         let n_predict = fields.n_predict.or(fields.max_tokens).unwrap_or(-1);
         let logprobs = top_logprobs(fields.n_probs, "n_probs")?.filter(|&n| n > 0);
-        let sampling = sampling_fields.over(&SamplingParams { logprobs, ..llama_defaults() })?;
+        let sampling = sampling_fields.over(&SamplingParams { logprobs, ..state.sampling_defaults.clone() })?;
         let spec = text_spec(state, fields.prompt.as_ref(), sampling, n_predict, &output, tenant)?;
         let stream = output.stream();
         let wire = LlamaWire {

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use radix_templates::ChatRequest;
 use serde_json::{Value as Json, json};
 
-use super::llama::{generation_settings, llama_defaults};
+use super::llama::generation_settings;
 use super::logprobs::TokenText;
 use super::preparation::off_workers;
 use super::request::{DetokenizeRequest, TokenizeRequest, check_prompt_bytes, parse_body, token_id, typed};
@@ -127,7 +127,7 @@ fn idle_slot(state: &ApiState, id: usize, is_processing: bool) -> Json {
         "n_ctx": state.context_length,
         "speculative": false,
         "is_processing": is_processing,
-        "params": generation_settings(state, &llama_defaults(), -1, &[], false),
+        "params": generation_settings(state, &state.sampling_defaults, -1, &[], false),
         "prompt": "",
         "next_token": {
             "has_next_token": is_processing,

@@ -87,7 +87,12 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_cache_evicted_snapshots_total", "Recurrent-state snapshots evicted.", m.evicted_snapshots),
         ("radix_serve_disk_restores_total", "Requests whose prompt was partly read back from disk.", m.disk.restores),
         ("radix_serve_disk_restored_tokens_total", "Prompt tokens read back from disk.", m.disk.restored_tokens),
-        ("radix_serve_disk_files_read_total", "Page files read from disk.", m.disk.files_read),
+        ("radix_serve_disk_files_read_total", "Page and snapshot files read from disk.", m.disk.files_read),
+        (
+            "radix_serve_disk_snapshots_restored_total",
+            "Requests of a hybrid model resumed from a recurrent-state snapshot read back from disk.",
+            m.disk.snapshots_restored,
+        ),
         ("radix_serve_disk_pages_read_total", "KV pages read back from the disk tier.", m.disk.pages_read),
         (
             "radix_serve_disk_damaged_files_total",
@@ -120,6 +125,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_disk_files", "Page files of the disk tier.", s.disk.files),
         ("radix_serve_disk_tokens", "Tokens whose KV pages are on disk.", s.disk.tokens),
         ("radix_serve_disk_pending_writes", "Page files queued and not yet written.", s.disk.pending_writes),
+        ("radix_serve_disk_snapshots", "Recurrent-state snapshot files of the disk tier.", s.disk.snapshots),
     ];
     for (name, help, value) in gauges {
         scalar(&mut out, "gauge", name, help, value);

@@ -39,7 +39,7 @@ use radix_templates::ModelFormat;
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use serde_json::json;
 
-use crate::engine::EngineHandle;
+use crate::engine::{EngineHandle, SamplingParams};
 pub use auth::ApiKeys;
 pub use browser::BrowserPolicy;
 pub use error::ApiError;
@@ -47,6 +47,7 @@ pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
 pub use preparation::PreparationPool;
 pub use recorder::RequestRecorder;
+pub use request::llama_server_sampling;
 
 /// What every handler shares.
 pub struct ApiState {
@@ -62,6 +63,9 @@ pub struct ApiState {
     pub stop_tokens: Vec<u32>,
     /// The name clients use for the model.
     pub model_name: String,
+    /// Sampling settings for the fields a request leaves out, on every generation route:
+    /// llama-server's defaults, under the model's recommended ones, under the command line's.
+    pub sampling_defaults: SamplingParams,
     /// Longest context of one sequence.
     pub context_length: usize,
     /// The architecture's name as GGUF metadata spells it (`llama`, `qwen2`, ...; `/model_info`).

@@ -164,20 +164,27 @@ impl EngineCore {
 
     /// Keeps the prefix cache's pages in `disk` too: written as the tree takes them in, read
     /// back when a prompt continues past what the tree holds (ARCHITECTURE.md §3, "Disk tier").
-    /// A hybrid model's prefix needs its recurrent state as well, which the disk tier does not
-    /// hold yet: it gets none.
+    /// A hybrid model's prefix needs its recurrent state as well: it gets a disk tier only if
+    /// that keeps snapshots ([`DiskTier::open_hybrid`]).
     pub fn with_disk_tier(mut self, disk: DiskTier) -> Self {
-        if self.state.is_none() && self.cache.serves(true) {
+        if self.cache.serves(true) && (self.state.is_none() || disk.keeps_snapshots()) {
             self.disk = Some(disk);
         }
         self
     }
 
-    /// Waits until the disk tier has written everything queued (a graceful shutdown).
-    pub fn flush_disk(&self) {
-        if let Some(disk) = &self.disk {
-            disk.flush();
+    /// Waits until the disk tier has written everything queued (a graceful shutdown). A hybrid
+    /// model's snapshots that only memory kept (those no request was expected to resume from:
+    /// message boundaries, intervals) are written first, so a restart after a graceful stop
+    /// resumes where memory would have; after a SIGKILL only the expected ones are there.
+    pub fn flush_disk(&mut self) {
+        let Some(disk) = self.disk.as_mut() else { return };
+        if let Some(state) = &self.state {
+            for (key, slot) in self.cache.snapshot_prefixes() {
+                disk.persist_snapshot(&key, state, slot);
+            }
         }
+        disk.flush();
     }
 
     /// Queues a request; its events go to `events`.
@@ -318,20 +325,37 @@ impl EngineCore {
                     // Placed a moment ago: its node is locked, and only a step hands out slots.
                     state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
                 }
-                if self.cache.serves(seq.request.use_cache) {
-                    seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
-                }
             }
             // The disk tier may hold more of the prompt than the tree: read it into the
-            // sequence's own pages before its prefill (synchronously).
+            // sequence's own pages (and a hybrid model's snapshot into its state slot) before
+            // its prefill, synchronously.
             let mut restored = 0;
             if let Some(disk) = self.disk.as_mut()
                 && self.cache.serves(seq.request.use_cache)
             {
                 let key = seq.cache_key(seq.prompt_len - 1);
-                restored = disk.restore(&key, seq.cached_tokens, &seq.pages, &mut self.pool);
+                restored = match (self.state.as_mut(), seq.state_slot) {
+                    (Some(state), Some(slot)) => {
+                        let n =
+                            disk.restore_resumable(&key, seq.cached_tokens, &seq.pages, &mut self.pool, state, slot);
+                        // The state read back goes into the tree with the prompt's K/V, so the
+                        // next request with this prefix finds it in memory.
+                        if n > 0
+                            && let Some(snapshot) = self.cache.take_snapshot_slot()
+                        {
+                            state.copy_slot(slot, snapshot).expect("snapshot and sequence slots are in the pool");
+                            seq.snapshots.push((seq.cached_tokens + n, snapshot));
+                        }
+                        n
+                    }
+                    _ => disk.restore(&key, seq.cached_tokens, &seq.pages, &mut self.pool),
+                };
                 seq.cached_tokens += restored;
                 seq.computed += restored;
+                seq.kv_matched = seq.kv_matched.max(seq.cached_tokens);
+            }
+            if self.state.is_some() && self.cache.serves(seq.request.use_cache) {
+                seq.snapshot_points = snapshot_points(seq, page_size, self.snapshot_interval);
             }
             // Compares the prompt with the recently computed sequences (ARCHITECTURE.md §3: the
             // previous version of a conversation should be a cached prefix of the next).
@@ -359,18 +383,26 @@ impl EngineCore {
         for member in members {
             let seq = &mut self.scheduler.running_mut()[member.index];
             if let (Some(state), Some(from)) = (self.state.as_mut(), seq.state_slot) {
+                while let Some(point) = seq.snapshot_points.pop_if(|p| *p <= member.end) {
+                    if point == member.end
+                        && let Some(slot) = self.cache.take_snapshot_slot()
+                    {
+                        state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
+                        seq.snapshots.push((point, slot));
+                        // Where a later request is expected to resume: worth keeping past a
+                        // restart or the snapshot's eviction.
+                        if let Some(disk) = self.disk.as_mut()
+                            && seq.expects_resume_at(point)
+                        {
+                            disk.persist_snapshot(&seq.cache_key(point), state, slot);
+                        }
+                    }
+                }
                 let mut save = |cache: &mut PrefixCache, reuse: Option<u32>| {
                     let slot = reuse.or_else(|| cache.take_snapshot_slot())?;
                     state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
                     Some(slot)
                 };
-                while let Some(point) = seq.snapshot_points.pop_if(|p| *p <= member.end) {
-                    if point == member.end
-                        && let Some(slot) = save(&mut self.cache, None)
-                    {
-                        seq.snapshots.push((point, slot));
-                    }
-                }
                 let decoded_to_page_end = member.end > seq.prompt_len && member.end.is_multiple_of(page_size);
                 if page_size > 1 && decoded_to_page_end && self.cache.serves(seq.request.use_cache) {
                     let reuse = seq.rolling_snapshot.take().map(|(_, slot)| slot);
@@ -439,12 +471,20 @@ impl EngineCore {
             if let Some(slot) = self.cache.take_snapshot_slot() {
                 state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
                 seq.snapshots.push((end, slot));
+                if let Some(disk) = self.disk.as_mut() {
+                    disk.persist_snapshot(&seq.cache_key(end), state, slot);
+                }
             }
             return;
         }
         if let Some((len, slot)) = rolling {
             match wanted && !have(len) {
-                true => seq.snapshots.push((len, slot)),
+                true => {
+                    seq.snapshots.push((len, slot));
+                    if let Some(disk) = self.disk.as_mut() {
+                        disk.persist_snapshot(&seq.cache_key(len), state, slot);
+                    }
+                }
                 false => self.cache.free_snapshot(slot),
             }
         }

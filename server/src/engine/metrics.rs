@@ -75,7 +75,9 @@ pub struct DiskMetrics {
     pub restores: u64,
     /// Prompt tokens whose K/V were read back (counted in `cached_tokens` too).
     pub restored_tokens: u64,
-    /// Page files read.
+    /// Requests of a hybrid model that resumed from a snapshot read back from disk.
+    pub snapshots_restored: u64,
+    /// Page and snapshot files read.
     pub files_read: u64,
     /// Pages read back.
     pub pages_read: u64,
@@ -105,6 +107,7 @@ impl Default for DiskMetrics {
             pages_read: 0,
             read_seconds: Histogram::new(LATENCY_BOUNDS),
             damaged_files: 0,
+            snapshots_restored: 0,
             files_written: 0,
             bytes_written: 0,
             write_errors: 0,

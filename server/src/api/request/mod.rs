@@ -21,6 +21,7 @@ pub(crate) use openai::{
 };
 pub(crate) use prompt::{prompt_tokens, token_id};
 pub(crate) use sampling::SamplingFields;
+pub use sampling::llama_server_sampling;
 
 /// Parses a JSON body, answering 400 when it is not JSON (or not an object).
 pub(crate) fn parse_body(body: &[u8]) -> Result<Json, ApiError> {

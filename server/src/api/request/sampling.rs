@@ -5,6 +5,14 @@ use serde::Deserialize;
 use super::super::ApiError;
 use crate::engine::SamplingParams;
 
+/// llama-server's sampling defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05): the
+/// server's own, under what the model recommends and the command line sets. OpenAI's (1.0,
+/// nothing cut) let a small model's agent loop wander; agents that set nothing (OpenCode with
+/// a custom provider) get what they got from llama-server.
+pub fn llama_server_sampling() -> SamplingParams {
+    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, ..SamplingParams::default() }
+}
+
 /// The sampling fields of a body; each overrides the endpoint's default.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub(crate) struct SamplingFields {

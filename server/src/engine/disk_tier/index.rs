@@ -24,7 +24,7 @@ pub(crate) struct PageRef {
 /// Index of a node in the index's arena.
 pub(crate) type NodeId = usize;
 
-const ROOT: NodeId = 0;
+pub(crate) const ROOT: NodeId = 0;
 
 #[derive(Debug, Clone)]
 struct Node {

@@ -18,12 +18,16 @@
 //! - **Restart**: the files are self-describing, so the directory is the index; at start-up the
 //!   headers are read (pages only when a prompt needs them), damaged and orphaned files removed.
 //!
-//! Dense models only: a hybrid model's prefix needs its recurrent-state snapshot too, which is
-//! not spilled yet.
+//! - **Hybrid models**: a prefix is resumable only where its recurrent state was saved, so the
+//!   snapshots a later request is expected to resume from are written too, a file each
+//!   (`snapshots.rs`), and a restore ends at the deepest snapshot on disk whose pages the disk
+//!   also holds. Snapshots take at most half the budget.
 
 mod format;
+mod hybrid;
 pub mod identity;
 mod index;
+mod snapshots;
 mod writer;
 
 use std::collections::HashMap;
@@ -36,6 +40,7 @@ use radix_models::KvPool;
 
 use self::format::{FormatError, Header, Layout, Source};
 use self::index::{DiskIndex, FileId, NodeId, PageRef};
+use self::snapshots::{SnapshotIndex, StateLayout};
 use self::writer::{Job, Writer};
 use super::metrics::DiskMetrics;
 pub use identity::ModelIdentity;
@@ -62,6 +67,8 @@ pub struct DiskStats {
     pub tokens: usize,
     /// Page files queued and not yet written.
     pub pending_writes: usize,
+    /// Recurrent-state snapshot files (hybrid models).
+    pub snapshots: usize,
 }
 
 /// One page file the index refers to.
@@ -91,6 +98,8 @@ pub struct OpenReport {
     /// Files removed because the pages before theirs are gone, or because other files hold
     /// the same prefix.
     pub unusable: usize,
+    /// Snapshot files kept (hybrid models).
+    pub snapshots: usize,
 }
 
 /// The disk tier: its index, its files, its writer.
@@ -102,13 +111,21 @@ pub struct DiskTier {
     index: DiskIndex,
     files: HashMap<FileId, FileEntry>,
     next_file: FileId,
+    /// Bytes of page files (snapshot files are counted in `snapshots`).
     bytes: u64,
+    /// Hybrid models: the layout of a state, and the snapshot files.
+    state_layout: Option<StateLayout>,
+    snapshots: SnapshotIndex,
     writer: Writer,
     metrics: DiskMetrics,
 }
 
 fn file_name(id: FileId) -> String {
     format!("{id:016x}.kv")
+}
+
+fn state_file_name(id: FileId) -> String {
+    format!("{id:016x}.state")
 }
 
 impl DiskTier {
@@ -121,6 +138,28 @@ impl DiskTier {
         identity: &ModelIdentity,
         budget_bytes: u64,
         pool: &KvPool,
+    ) -> std::io::Result<(Self, OpenReport)> {
+        Self::open_with_states(root, identity, budget_bytes, pool, None)
+    }
+
+    /// [`open`](Self::open) for a hybrid model whose recurrent state takes `state_bytes`
+    /// (`StatePool::slot_bytes`): its snapshots are kept too.
+    pub fn open_hybrid(
+        root: &Path,
+        identity: &ModelIdentity,
+        budget_bytes: u64,
+        pool: &KvPool,
+        state_bytes: usize,
+    ) -> std::io::Result<(Self, OpenReport)> {
+        Self::open_with_states(root, identity, budget_bytes, pool, Some(state_bytes))
+    }
+
+    fn open_with_states(
+        root: &Path,
+        identity: &ModelIdentity,
+        budget_bytes: u64,
+        pool: &KvPool,
+        state_bytes: Option<usize>,
     ) -> std::io::Result<(Self, OpenReport)> {
         let dir = root.join(identity.hex());
         std::fs::create_dir_all(&dir)?;
@@ -142,6 +181,8 @@ impl DiskTier {
             files: HashMap::new(),
             next_file: 0,
             bytes: 0,
+            state_layout: state_bytes.map(|state_bytes| StateLayout { identity: identity.id, state_bytes }),
+            snapshots: SnapshotIndex::default(),
             metrics: DiskMetrics::default(),
         };
         let report = tier.load()?;
@@ -152,12 +193,20 @@ impl DiskTier {
     fn load(&mut self) -> std::io::Result<OpenReport> {
         let mut report = OpenReport::default();
         let mut found: Vec<(FileId, Header, SystemTime, u64)> = Vec::new();
+        let mut states = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-            if name.ends_with(".kv.tmp") {
+            if name.ends_with(".kv.tmp") || name.ends_with(".state.tmp") {
                 // A write a crash interrupted.
                 std::fs::remove_file(&path)?;
+                continue;
+            }
+            if let Some(hex) = name.strip_suffix(".state") {
+                if let Ok(id) = FileId::from_str_radix(hex, 16) {
+                    self.next_file = self.next_file.max(id + 1);
+                    states.push((id, path));
+                }
                 continue;
             }
             let Some(id) = name.strip_suffix(".kv").and_then(|hex| FileId::from_str_radix(hex, 16).ok()) else {
@@ -206,6 +255,7 @@ impl DiskTier {
         for (_, key) in &kept {
             self.index.lookup(key);
         }
+        self.load_snapshots(states, &mut report)?;
         self.make_room(0, 0);
         report.files = self.files.len();
         report.tokens = self.index.pages() * self.layout.page_size;
@@ -370,13 +420,15 @@ impl DiskTier {
 
     /// Frees room for a file of `need` bytes by evicting least recently used prefixes (never
     /// the node `keep`, which the new file continues); `false` when even that cannot.
+    /// Snapshot files go when no page can.
     fn make_room(&mut self, need: u64, keep: NodeId) -> bool {
         if need > self.budget {
             return false;
         }
-        while self.bytes + need > self.budget {
+        while self.bytes + self.snapshots.bytes + need > self.budget {
             match self.index.evict_lru(keep) {
                 Some(refs) => self.drop_refs(refs),
+                None if self.evict_snapshot() => {}
                 None => return false,
             }
         }
@@ -426,11 +478,12 @@ impl DiskTier {
     pub fn stats(&self) -> DiskStats {
         DiskStats {
             enabled: true,
-            bytes: self.bytes,
+            bytes: self.bytes + self.snapshots.bytes,
             budget_bytes: self.budget,
             files: self.files.len(),
             tokens: self.index.pages() * self.layout.page_size,
             pending_writes: self.writer.counters.queued.load(Ordering::Relaxed),
+            snapshots: self.snapshots.len(),
         }
     }
 
@@ -465,9 +518,16 @@ impl DiskTier {
         if live.len() != self.files.len() {
             return Err("the index refers to a file that is not kept".into());
         }
+        self.snapshots.check_invariants()?;
         let total: u64 = self.files.values().map(|f| f.bytes).sum();
-        if total != self.bytes || self.bytes > self.budget {
-            return Err(format!("{total} bytes in files, {} counted, budget {}", self.bytes, self.budget));
+        if total != self.bytes || self.bytes + self.snapshots.bytes > self.budget {
+            return Err(format!(
+                "{total} bytes in page files, {} counted, {} in snapshot files, budget {}",
+                self.bytes, self.snapshots.bytes, self.budget
+            ));
+        }
+        if self.snapshots.bytes > self.budget / 2 {
+            return Err(format!("{} bytes of snapshot files, over half the budget", self.snapshots.bytes));
         }
         Ok(())
     }
