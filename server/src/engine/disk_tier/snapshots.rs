@@ -62,7 +62,11 @@ pub(crate) fn encode(layout: &StateLayout, key: &[u32], state: &[f32]) -> Vec<u8
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     let start = out.len();
-    state.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(state));
+    } else {
+        state.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    }
     let crc = crc32fast::hash(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -147,7 +151,14 @@ impl StateSource<'_> {
         if crc32fast::hash(state) != u32_at(crc, 0) {
             return Err(FormatError::PageChecksum(0));
         }
-        let values = state.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+        let mut values = vec![0f32; state.len() / 4];
+        if cfg!(target_endian = "little") {
+            bytemuck::cast_slice_mut(&mut values).copy_from_slice(state);
+        } else {
+            for (v, b) in values.iter_mut().zip(state.chunks_exact(4)) {
+                *v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+            }
+        }
         Ok((key, values))
     }
 }
