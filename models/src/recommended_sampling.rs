@@ -36,27 +36,8 @@ impl RecommendedSampling {
     /// From a GGUF header's metadata: llama.cpp's `general.sampling.{temp,top_k,top_p,min_p,
     /// penalty_repeat}`.
     pub fn from_gguf(metadata: &HashMap<String, gguf_file::Value>) -> Self {
-        let mut out = RecommendedSampling::default();
-        let mut number = |key: &str| {
-            let value = metadata.get(key).and_then(gguf_number).filter(|v| v.is_finite());
-            if value.is_some() {
-                out.source.push(key.to_owned());
-            }
-            value
-        };
-        let temperature = number("general.sampling.temp");
-        let top_k = number("general.sampling.top_k");
-        let top_p = number("general.sampling.top_p");
-        let min_p = number("general.sampling.min_p");
-        let repetition_penalty = number("general.sampling.penalty_repeat");
-        RecommendedSampling {
-            temperature: temperature.map(|v| v as f32),
-            top_k: top_k.map(|v| v.max(0.0) as usize),
-            top_p: top_p.map(|v| v as f32),
-            min_p: min_p.map(|v| v as f32),
-            repetition_penalty: repetition_penalty.map(|v| v as f32),
-            ..out
-        }
+        let keys = ["temp", "top_k", "top_p", "min_p", "penalty_repeat"].map(|k| format!("general.sampling.{k}"));
+        Self::read(keys, |key| metadata.get(key).and_then(gguf_number), str::to_owned)
     }
 
     /// From the text of a `generation_config.json` (the fields vLLM reads: `temperature`,
@@ -66,25 +47,28 @@ impl RecommendedSampling {
         let Ok(Json::Object(fields)) = serde_json::from_str::<Json>(text) else {
             return RecommendedSampling::default();
         };
+        let keys = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty"].map(str::to_owned);
+        Self::read(keys, |key| fields.get(key).and_then(Json::as_f64), |key| format!("generation_config.json {key}"))
+    }
+
+    /// The settings whose `keys` (temperature, top-k, top-p, min-p, repetition penalty, in
+    /// that order) give a finite `number`; each one read is named in `source` by `name`.
+    fn read(keys: [String; 5], number: impl Fn(&str) -> Option<f64>, name: impl Fn(&str) -> String) -> Self {
         let mut source = Vec::new();
-        let mut number = |key: &str| {
-            let value = fields.get(key).and_then(Json::as_f64).filter(|v| v.is_finite());
+        let [temperature, top_k, top_p, min_p, repetition_penalty] = keys.map(|key| {
+            let value = number(&key).filter(|v| v.is_finite());
             if value.is_some() {
-                source.push(format!("generation_config.json {key}"));
+                source.push(name(&key));
             }
             value
-        };
-        let temperature = number("temperature");
-        let top_k = number("top_k");
-        let top_p = number("top_p");
-        let min_p = number("min_p");
-        let repetition_penalty = number("repetition_penalty");
+        });
+        let float = |v: Option<f64>| v.map(|v| v as f32);
         RecommendedSampling {
-            temperature: temperature.map(|v| v as f32),
+            temperature: float(temperature),
             top_k: top_k.map(|v| v.max(0.0) as usize),
-            top_p: top_p.map(|v| v as f32),
-            min_p: min_p.map(|v| v as f32),
-            repetition_penalty: repetition_penalty.map(|v| v as f32),
+            top_p: float(top_p),
+            min_p: float(min_p),
+            repetition_penalty: float(repetition_penalty),
             source,
         }
     }

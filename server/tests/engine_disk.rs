@@ -11,7 +11,7 @@ use radix_serve::engine::{DiskTier, EngineConfig, EngineCore, GenerateRequest, M
 
 mod common;
 
-use common::{Outcome, request, run};
+use common::{Outcome, TempDir, request, run};
 
 fn fixture(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny/qwen3").join(file)
@@ -45,39 +45,6 @@ fn engine(pages: usize, page_size: usize, cache: bool, disk: Option<Disk>) -> En
     }
 }
 
-/// A directory of its own for one test, removed at the end.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("radix-engine-disk-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    /// Every page file under it.
-    fn page_files(&self) -> Vec<PathBuf> {
-        let mut files = Vec::new();
-        for model in std::fs::read_dir(&self.0).unwrap() {
-            for file in std::fs::read_dir(model.unwrap().path()).unwrap() {
-                let path = file.unwrap().path();
-                if path.extension().is_some_and(|e| e == "kv") {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
-        files
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// 24 agent-like requests: three sessions, each a 48-token system prompt of its own and turns
 /// that grow on it, 6 greedy tokens each.
 fn workload() -> Vec<GenerateRequest> {
@@ -106,7 +73,7 @@ fn tokens(outcomes: &[Outcome]) -> Vec<Vec<u32>> {
 fn prefixes_read_back_after_a_restart_give_the_answers_of_a_cold_prefill() {
     let requests = workload();
     for page_size in [1, 4] {
-        let dir = TempDir::new(&format!("restart-{page_size}"));
+        let dir = TempDir::new(&format!("disk-restart-{page_size}"));
         let cold = tokens(&run_all(&mut engine(512, page_size, false, None), &requests));
         let disk = || Some(Disk { dir: &dir.0, budget: 1 << 30 });
         let first = run_all(&mut engine(512, page_size, true, disk()), &requests);
@@ -128,7 +95,7 @@ fn prefixes_read_back_after_a_restart_give_the_answers_of_a_cold_prefill() {
 
 #[test]
 fn pages_evicted_under_memory_pressure_come_back_from_disk() {
-    let dir = TempDir::new("pressure");
+    let dir = TempDir::new("disk-pressure");
     // 70 one-token pages: a 30-token prompt and its reply fit twice, so earlier ones are evicted.
     let mut engine = engine(70, 1, true, Some(Disk { dir: &dir.0, budget: 1 << 30 }));
     let prompts: Vec<Vec<u32>> = (0..6u32).map(|s| (0..30).map(|i| (s * 29 + i * 3 + 2) % 128).collect()).collect();
@@ -146,13 +113,13 @@ fn pages_evicted_under_memory_pressure_come_back_from_disk() {
 
 #[test]
 fn damaged_page_files_are_recomputed_with_the_same_answers_and_written_again() {
-    let dir = TempDir::new("damaged");
+    let dir = TempDir::new("disk-damaged");
     let requests = workload();
     let disk = || Some(Disk { dir: &dir.0, budget: 1 << 30 });
     let cold = tokens(&run_all(&mut engine(512, 1, false, None), &requests));
     run_all(&mut engine(512, 1, true, disk()), &requests);
     // Every other file gets a flipped byte in its last page; every third loses its end.
-    for (i, file) in dir.page_files().iter().enumerate() {
+    for (i, file) in dir.files("kv").iter().enumerate() {
         let mut bytes = std::fs::read(file).unwrap();
         match i % 3 {
             0 => {
@@ -180,7 +147,7 @@ fn damaged_page_files_are_recomputed_with_the_same_answers_and_written_again() {
 
 #[test]
 fn the_disk_budget_holds_under_a_larger_workload() {
-    let dir = TempDir::new("budget");
+    let dir = TempDir::new("disk-budget");
     // About 30 tokens of the tiny model's K/V (1 KiB a token at f32), far less than the workload.
     let budget = 32 << 10;
     let requests = workload();
@@ -192,6 +159,6 @@ fn the_disk_budget_holds_under_a_larger_workload() {
     assert!(stats.bytes <= budget && stats.files > 0, "{stats:?}");
     assert!(small.metrics().disk.evicted_files > 0, "the budget forced evictions");
     drop(small);
-    let on_disk: u64 = dir.page_files().iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    let on_disk: u64 = dir.files("kv").iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
     assert!(on_disk <= budget, "{on_disk} bytes of page files on disk, budget {budget}");
 }

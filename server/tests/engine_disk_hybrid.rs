@@ -3,7 +3,7 @@
 //! session resumes from disk and answers what a cold prefill answers; damaged snapshot files are
 //! recomputed, never served; snapshots keep to half the disk budget and the whole budget holds.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
@@ -13,7 +13,7 @@ use radix_serve::engine::{DiskTier, EngineConfig, EngineCore, ModelIdentity};
 mod common;
 
 use common::hybrid::{cold, fixture, model};
-use common::{Outcome, request, run};
+use common::{Outcome, TempDir, request, run};
 
 const REPLY: usize = 5;
 const PAGE: usize = 4;
@@ -30,39 +30,6 @@ fn engine(arch: &str, dir: &Path, budget: u64) -> EngineCore {
     let mut config = EngineConfig::new(3, 24, true, 512);
     config.snapshot_interval = 16;
     EngineCore::new(model, pool, config, tokenizer).with_disk_tier(tier)
-}
-
-/// A directory of its own for one test, removed at the end.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("radix-engine-disk-hybrid-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    /// Every file under it whose name ends with `.{extension}`.
-    fn files(&self, extension: &str) -> Vec<PathBuf> {
-        let mut files = Vec::new();
-        for model in std::fs::read_dir(&self.0).unwrap() {
-            for file in std::fs::read_dir(model.unwrap().path()).unwrap() {
-                let path = file.unwrap().path();
-                if path.extension().is_some_and(|e| e == extension) {
-                    files.push(path);
-                }
-            }
-        }
-        files.sort();
-        files
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Three sessions' first prompts: a 30-token system block of its own and a question.
@@ -110,7 +77,7 @@ fn check_cold(arch: &str, prompts: &[Vec<u32>], outcomes: &[Outcome]) {
 #[test]
 fn after_a_restart_the_next_turn_resumes_from_a_snapshot_on_disk() {
     for arch in ["qwen35", "qwen35moe"] {
-        let dir = TempDir::new(&format!("restart-{arch}"));
+        let dir = TempDir::new(&format!("disk-hybrid-restart-{arch}"));
         let first = first_prompts();
         let mut before = engine(arch, &dir.0, 1 << 30);
         let outcomes = run_prompts(&mut before, &first);
@@ -137,7 +104,7 @@ fn after_a_restart_the_next_turn_resumes_from_a_snapshot_on_disk() {
 #[test]
 fn damaged_snapshot_files_are_recomputed_never_served() {
     let arch = "qwen35";
-    let dir = TempDir::new("damaged");
+    let dir = TempDir::new("disk-hybrid-damaged");
     let first = first_prompts();
     let outcomes = run_prompts(&mut engine(arch, &dir.0, 1 << 30), &first);
     let second = next_prompts(&first, &outcomes);
@@ -163,7 +130,7 @@ fn damaged_snapshot_files_are_recomputed_never_served() {
 #[test]
 fn snapshots_keep_to_half_the_budget_and_the_whole_budget_holds() {
     let arch = "qwen35";
-    let dir = TempDir::new("budget");
+    let dir = TempDir::new("disk-hybrid-budget");
     let model = model(arch);
     let state_bytes = StatePool::slot_bytes(model.config()).unwrap() as u64;
     // Room for about three snapshots, fewer than the workload writes.

@@ -1,7 +1,10 @@
-//! What the engine tests share: a greedy request and running requests to the end.
+//! What the engine tests share: a greedy request, running requests to the end, and a
+//! temporary directory for the disk tier.
 #![allow(dead_code)] // Not every test file uses every helper.
 
 pub mod hybrid;
+
+use std::path::PathBuf;
 
 use radix_serve::engine::{EngineCore, EngineEvent, GenerateRequest, SamplingParams, TokenLogprobs};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -62,4 +65,38 @@ pub fn run(engine: &mut EngineCore, requests: Vec<GenerateRequest>) -> Vec<Outco
             outcome
         })
         .collect()
+}
+
+/// A directory of its own for one test (a disk tier's), removed at the end.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// An empty directory named after `name` and this process.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("radix-engine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// Every file in its model subdirectories whose name ends with `.{extension}`, sorted.
+    pub fn files(&self, extension: &str) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for model in std::fs::read_dir(&self.0).unwrap() {
+            for file in std::fs::read_dir(model.unwrap().path()).unwrap() {
+                let path = file.unwrap().path();
+                if path.extension().is_some_and(|e| e == extension) {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
