@@ -81,7 +81,7 @@ pub struct ServeArgs {
     no_prefix_cache: bool,
     /// Keep the prefix cache's KV pages on disk too, in this directory (one subdirectory per
     /// model and KV layout): prefixes evicted from memory, or computed before a restart, are
-    /// read back instead of prefilled again. Dense models only for now.
+    /// read back instead of prefilled again; a hybrid model's snapshots too.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// GiB of page files `--cache-dir` may hold (default 10); least recently used go first.

@@ -96,14 +96,18 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_disk_pages_read_total", "KV pages read back from the disk tier.", m.disk.pages_read),
         (
             "radix_serve_disk_damaged_files_total",
-            "Page files found damaged or missing (recomputed).",
+            "Page or snapshot files found damaged or missing (recomputed).",
             m.disk.damaged_files,
         ),
-        ("radix_serve_disk_files_written_total", "Page files written.", m.disk.files_written),
-        ("radix_serve_disk_written_bytes_total", "Bytes of page files written.", m.disk.bytes_written),
-        ("radix_serve_disk_write_errors_total", "Page file writes that failed.", m.disk.write_errors),
-        ("radix_serve_disk_evicted_files_total", "Page files removed (budget, damage).", m.disk.evicted_files),
-        ("radix_serve_disk_evicted_bytes_total", "Bytes of page files removed.", m.disk.evicted_bytes),
+        ("radix_serve_disk_files_written_total", "Page and snapshot files written.", m.disk.files_written),
+        ("radix_serve_disk_written_bytes_total", "Bytes of page and snapshot files written.", m.disk.bytes_written),
+        ("radix_serve_disk_write_errors_total", "Page or snapshot file writes that failed.", m.disk.write_errors),
+        (
+            "radix_serve_disk_evicted_files_total",
+            "Page and snapshot files removed (budget, damage).",
+            m.disk.evicted_files,
+        ),
+        ("radix_serve_disk_evicted_bytes_total", "Bytes of page and snapshot files removed.", m.disk.evicted_bytes),
     ];
     for (name, help, value) in counters {
         scalar(&mut out, "counter", name, help, value);
@@ -124,7 +128,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_state_slots_free", "Running-sequence state slots free.", s.state_slots_free),
         ("radix_serve_disk_files", "Page files of the disk tier.", s.disk.files),
         ("radix_serve_disk_tokens", "Tokens whose KV pages are on disk.", s.disk.tokens),
-        ("radix_serve_disk_pending_writes", "Page files queued and not yet written.", s.disk.pending_writes),
+        ("radix_serve_disk_pending_writes", "Files queued and not yet written.", s.disk.pending_writes),
         ("radix_serve_disk_snapshots", "Recurrent-state snapshot files of the disk tier.", s.disk.snapshots),
     ];
     for (name, help, value) in gauges {
@@ -144,7 +148,7 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     let usage = if s.pages_total == 0 { 0.0 } else { held as f64 / s.pages_total as f64 };
     let help = "Fraction of KV pages neither free nor in the prefix cache (held by running sequences).";
     scalar(&mut out, "gauge", "radix_serve_kv_usage_ratio", help, usage);
-    scalar(&mut out, "gauge", "radix_serve_disk_bytes", "Bytes of page files on disk.", s.disk.bytes);
+    scalar(&mut out, "gauge", "radix_serve_disk_bytes", "Bytes of page and snapshot files on disk.", s.disk.bytes);
     scalar(
         &mut out,
         "gauge",
@@ -184,6 +188,8 @@ fn disk_json(s: &crate::engine::DiskStats, m: &crate::engine::DiskMetrics) -> se
         "write_errors": m.write_errors,
         "evicted_files": m.evicted_files,
         "evicted_bytes": m.evicted_bytes,
+        "snapshots": s.snapshots,
+        "snapshots_restored": m.snapshots_restored,
     })
 }
 

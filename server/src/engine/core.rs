@@ -114,7 +114,7 @@ pub struct EngineCore {
     /// Recently computed sequences, to explain cache misses.
     recent: RecentSequences,
     metrics: EngineMetrics,
-    /// The prefix cache's pages on disk too (`--cache-dir`; dense models only).
+    /// The prefix cache's pages (and a hybrid model's snapshots) on disk too (`--cache-dir`).
     disk: Option<DiskTier>,
     /// A prompt token that makes a step panic (debug builds, `RADIX_SERVE_FAULT_TOKEN`): how the
     /// end-to-end tests show that a failed step fails its batch and nothing else.

@@ -443,32 +443,25 @@ fn q4k_dot(tiles: &[Q4KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
         return;
     }
     let _ = fast;
-    for (m, act) in acts.iter().enumerate() {
-        for (r, slot) in out[m].iter_mut().enumerate() {
-            let mut acc = 0.0f32;
-            for (tile, a) in tiles.iter().zip(act.iter()) {
-                let mut part = 0.0f32;
-                for s in 0..8 {
-                    let mut isum = 0i32;
-                    for g in 0..4 {
-                        for i in 0..4 {
-                            let byte = tile.qs[((4 * s + g) * TILE_ROWS + r) * 4 + i];
-                            isum += (byte & 0xF) as i32 * a.qs[32 * s + 4 * g + i] as i32;
-                            isum += (byte >> 4) as i32 * a.qs[32 * s + 16 + 4 * g + i] as i32;
-                        }
-                    }
-                    part = (isum as f32).mul_add(tile.scales[s][r], part);
+    portable_dot(tiles, acts, out, |tile, a, r| {
+        let mut part = 0.0f32;
+        for s in 0..8 {
+            let mut isum = 0i32;
+            for g in 0..4 {
+                for i in 0..4 {
+                    let byte = tile.qs[((4 * s + g) * TILE_ROWS + r) * 4 + i];
+                    isum += (byte & 0xF) as i32 * a.qs[32 * s + 4 * g + i] as i32;
+                    isum += (byte >> 4) as i32 * a.qs[32 * s + 16 + 4 * g + i] as i32;
                 }
-                let mut msum = 0i32;
-                for s in 0..8 {
-                    msum += tile.mins[s / 2][2 * r + s % 2] as i32 * a.sums32[s] as i32;
-                }
-                part = (-(msum as f32)).mul_add(tile.dmin[r], part);
-                acc = part.mul_add(a.d, acc);
             }
-            *slot = acc;
+            part = (isum as f32).mul_add(tile.scales[s][r], part);
         }
-    }
+        let mut msum = 0i32;
+        for s in 0..8 {
+            msum += tile.mins[s / 2][2 * r + s % 2] as i32 * a.sums32[s] as i32;
+        }
+        (-(msum as f32)).mul_add(tile.dmin[r], part)
+    });
 }
 
 /// The 16 rows of one Q6_K column tile (its `kb` blocks) times up to eight activation rows.
@@ -480,24 +473,34 @@ fn q6k_dot(tiles: &[Q6KTile], acts: &[&[ActBlock]], out: &mut [[f32; TILE_ROWS];
         return;
     }
     let _ = fast;
+    portable_dot(tiles, acts, out, |tile, a, r| {
+        let mut part = 0.0f32;
+        for s in 0..16 {
+            let mut isum = a.neg32_sums16[s];
+            for g in 0..4 {
+                for i in 0..4 {
+                    let v = tile.qs[((4 * s + g) * TILE_ROWS + r) * 4 + i];
+                    isum += v as i32 * a.qs[16 * s + 4 * g + i] as i32;
+                }
+            }
+            part = (isum as f32).mul_add(tile.scales[s][r], part);
+        }
+        part
+    });
+}
+
+/// The portable kernels' outer loops: every activation row against each of the tile's rows,
+/// `block(tile, act, row)` per block scaled by the activation block's `d`, in the order the
+/// AVX-512 kernels add them (so both give the same bits).
+fn portable_dot<T>(
+    tiles: &[T],
+    acts: &[&[ActBlock]],
+    out: &mut [[f32; TILE_ROWS]; MAX_ACT_ROWS],
+    block: impl Fn(&T, &ActBlock, usize) -> f32,
+) {
     for (m, act) in acts.iter().enumerate() {
         for (r, slot) in out[m].iter_mut().enumerate() {
-            let mut acc = 0.0f32;
-            for (tile, a) in tiles.iter().zip(act.iter()) {
-                let mut part = 0.0f32;
-                for s in 0..16 {
-                    let mut isum = a.neg32_sums16[s];
-                    for g in 0..4 {
-                        for i in 0..4 {
-                            let v = tile.qs[((4 * s + g) * TILE_ROWS + r) * 4 + i];
-                            isum += v as i32 * a.qs[16 * s + 4 * g + i] as i32;
-                        }
-                    }
-                    part = (isum as f32).mul_add(tile.scales[s][r], part);
-                }
-                acc = part.mul_add(a.d, acc);
-            }
-            *slot = acc;
+            *slot = tiles.iter().zip(act.iter()).fold(0.0f32, |acc, (tile, a)| block(tile, a, r).mul_add(a.d, acc));
         }
     }
 }

@@ -190,25 +190,39 @@ pub(crate) enum Source<'a> {
 }
 
 impl Source<'_> {
-    /// Reads and checks the header.
-    pub fn header(&mut self, layout: &Layout) -> Result<Header, FormatError> {
+    /// The file's length in bytes.
+    pub fn len(&mut self) -> Result<u64, FormatError> {
+        Ok(match self {
+            Source::Memory(bytes) => bytes.len() as u64,
+            Source::File(file) => file.metadata()?.len(),
+        })
+    }
+
+    /// `len` bytes from byte `at`; past the end is an error.
+    pub fn read_at(&mut self, at: usize, len: usize) -> Result<Vec<u8>, FormatError> {
         match self {
-            Source::Memory(bytes) => decode_header(bytes, layout, bytes.len() as u64),
+            Source::Memory(bytes) => bytes
+                .get(at..at + len)
+                .map(<[u8]>::to_vec)
+                .ok_or(FormatError::Length { expected: (at + len) as u64, actual: bytes.len() as u64 }),
             Source::File(file) => {
-                let file_len = file.metadata()?.len();
-                let mut first = [0u8; 16];
-                file.seek(SeekFrom::Start(0))?;
-                file.read_exact(&mut first).map_err(|_| FormatError::NotAPageFile)?;
-                let len = header_len(&first)?;
-                if (len as u64) > file_len {
-                    return Err(FormatError::Length { expected: len as u64, actual: file_len });
-                }
-                let mut bytes = first.to_vec();
-                bytes.resize(len, 0);
-                file.read_exact(&mut bytes[16..])?;
-                decode_header(&bytes, layout, file_len)
+                let mut data = vec![0u8; len];
+                file.seek(SeekFrom::Start(at as u64))?;
+                file.read_exact(&mut data)?;
+                Ok(data)
             }
         }
+    }
+
+    /// Reads and checks the header.
+    pub fn header(&mut self, layout: &Layout) -> Result<Header, FormatError> {
+        let file_len = self.len()?;
+        let first = self.read_at(0, 16).map_err(|_| FormatError::NotAPageFile)?;
+        let len = header_len(&first)?;
+        if (len as u64) > file_len {
+            return Err(FormatError::Length { expected: len as u64, actual: file_len });
+        }
+        decode_header(&self.read_at(0, len)?, layout, file_len)
     }
 
     /// Pages `pages` of the file described by `header`, each checked against its checksum.
@@ -223,15 +237,7 @@ impl Source<'_> {
         }
         let at = header.len_bytes() + pages.start * layout.page_bytes;
         let len = pages.len() * layout.page_bytes;
-        let data = match self {
-            Source::Memory(bytes) => bytes[at..at + len].to_vec(),
-            Source::File(file) => {
-                let mut data = vec![0u8; len];
-                file.seek(SeekFrom::Start(at as u64))?;
-                file.read_exact(&mut data)?;
-                data
-            }
-        };
+        let data = self.read_at(at, len)?;
         for (i, page) in data.chunks_exact(layout.page_bytes).enumerate() {
             if crc32fast::hash(page) != header.checksums[pages.start + i] {
                 return Err(FormatError::PageChecksum(pages.start + i));

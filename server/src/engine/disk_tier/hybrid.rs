@@ -9,8 +9,9 @@ use std::time::{Instant, SystemTime};
 use radix_models::{KvPool, StatePool};
 
 use super::format::FormatError;
+use super::format::Source;
 use super::index::{FileId, ROOT};
-use super::snapshots::{StateSource, prefix_hashes};
+use super::snapshots::prefix_hashes;
 use super::writer::Job;
 use super::{DiskTier, OpenReport, TOUCH_EVERY, state_file_name};
 
@@ -38,8 +39,8 @@ impl DiskTier {
                 continue;
             };
             let key = std::fs::File::open(&path).map_err(FormatError::from).and_then(|file| {
-                let mut source = StateSource::File(file);
-                source.key(&layout)
+                let mut source = Source::File(file);
+                source.snapshot_key(&layout)
             });
             match key {
                 Ok(key) if !key.is_empty() => {
@@ -178,10 +179,10 @@ impl DiskTier {
         let entry = self.snapshots.get_mut(id).ok_or(FormatError::Inconsistent("a file the index lost"))?;
         let pending = entry.pending.upgrade();
         let mut source = match &pending {
-            Some(bytes) => StateSource::Memory(bytes),
-            None => StateSource::File(std::fs::File::open(self.dir.join(state_file_name(id)))?),
+            Some(bytes) => Source::Memory(bytes),
+            None => Source::File(std::fs::File::open(self.dir.join(state_file_name(id)))?),
         };
-        let (held, values) = source.read(layout)?;
+        let (held, values) = source.snapshot(layout)?;
         if held != key {
             return Err(FormatError::OtherPrefix);
         }

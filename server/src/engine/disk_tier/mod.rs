@@ -57,7 +57,7 @@ const TOUCH_EVERY: Duration = Duration::from_secs(30);
 pub struct DiskStats {
     /// A disk tier is configured.
     pub enabled: bool,
-    /// Bytes of page files.
+    /// Bytes of page and snapshot files.
     pub bytes: u64,
     /// `--cache-disk` in bytes.
     pub budget_bytes: u64,
@@ -65,7 +65,7 @@ pub struct DiskStats {
     pub files: usize,
     /// Tokens whose K/V are on disk.
     pub tokens: usize,
-    /// Page files queued and not yet written.
+    /// Files queued and not yet written.
     pub pending_writes: usize,
     /// Recurrent-state snapshot files (hybrid models).
     pub snapshots: usize,

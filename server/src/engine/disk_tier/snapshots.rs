@@ -15,12 +15,10 @@
 //! name, synced and renamed, as page files are.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::sync::Weak;
 use std::time::Instant;
 
-use super::format::FormatError;
+use super::format::{FormatError, Source};
 use super::index::FileId;
 
 /// The first bytes of every snapshot file.
@@ -103,50 +101,23 @@ fn decode_header(bytes: &[u8], layout: &StateLayout, file_len: u64) -> Result<Ve
     Ok((0..key_len).map(|i| u32_at(bytes, FIXED + 4 * i)).collect())
 }
 
-/// Where a snapshot file's bytes are: still in memory (queued for writing) or on disk.
-pub(crate) enum StateSource<'a> {
-    /// The whole file's bytes.
-    Memory(&'a [u8]),
-    /// An open file.
-    File(File),
-}
-
-impl StateSource<'_> {
-    /// Reads and checks the header; the snapshot's prefix.
-    pub fn key(&mut self, layout: &StateLayout) -> Result<Vec<u32>, FormatError> {
-        match self {
-            StateSource::Memory(bytes) => decode_header(bytes, layout, bytes.len() as u64),
-            StateSource::File(file) => {
-                let file_len = file.metadata()?.len();
-                let mut bytes = vec![0u8; FIXED];
-                file.seek(SeekFrom::Start(0))?;
-                file.read_exact(&mut bytes).map_err(|_| FormatError::NotAPageFile)?;
-                let key_len = (u32_at(&bytes, 32) as usize).min(MAX_KEY + 1);
-                let header_len = (FIXED + 4 * key_len + 4) as u64;
-                if header_len > file_len {
-                    return Err(FormatError::Length { expected: header_len, actual: file_len });
-                }
-                bytes.resize(header_len as usize, 0);
-                file.read_exact(&mut bytes[FIXED..])?;
-                decode_header(&bytes, layout, file_len)
-            }
+impl Source<'_> {
+    /// Reads and checks a snapshot file's header; the snapshot's prefix.
+    pub fn snapshot_key(&mut self, layout: &StateLayout) -> Result<Vec<u32>, FormatError> {
+        let file_len = self.len()?;
+        let fixed = self.read_at(0, FIXED).map_err(|_| FormatError::NotAPageFile)?;
+        let key_len = (u32_at(&fixed, 32) as usize).min(MAX_KEY + 1);
+        let header_len = (FIXED + 4 * key_len + 4) as u64;
+        if header_len > file_len {
+            return Err(FormatError::Length { expected: header_len, actual: file_len });
         }
+        decode_header(&self.read_at(0, header_len as usize)?, layout, file_len)
     }
 
-    /// The whole file checked: its prefix and its state.
-    pub fn read(&mut self, layout: &StateLayout) -> Result<(Vec<u32>, Vec<f32>), FormatError> {
-        let key = self.key(layout)?;
-        let at = FIXED + 4 * key.len() + 4;
-        let len = layout.state_bytes + 4;
-        let data = match self {
-            StateSource::Memory(bytes) => bytes[at..at + len].to_vec(),
-            StateSource::File(file) => {
-                let mut data = vec![0u8; len];
-                file.seek(SeekFrom::Start(at as u64))?;
-                file.read_exact(&mut data)?;
-                data
-            }
-        };
+    /// A whole snapshot file, checked: its prefix and its state.
+    pub fn snapshot(&mut self, layout: &StateLayout) -> Result<(Vec<u32>, Vec<f32>), FormatError> {
+        let key = self.snapshot_key(layout)?;
+        let data = self.read_at(FIXED + 4 * key.len() + 4, layout.state_bytes + 4)?;
         let (state, crc) = data.split_at(layout.state_bytes);
         if crc32fast::hash(state) != u32_at(crc, 0) {
             return Err(FormatError::PageChecksum(0));
@@ -304,6 +275,8 @@ impl SnapshotIndex {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -321,14 +294,14 @@ mod tests {
     fn a_file_reads_back_its_prefix_and_state_from_memory_and_from_disk() {
         let (key, state, bytes) = file(9, 2);
         assert_eq!(bytes.len() as u64, LAYOUT.file_len(9));
-        assert_eq!(StateSource::Memory(&bytes).read(&LAYOUT).unwrap(), (key.clone(), state.clone()));
+        assert_eq!(Source::Memory(&bytes).snapshot(&LAYOUT).unwrap(), (key.clone(), state.clone()));
         let path = std::env::temp_dir().join(format!("radix-state-format-{}.state", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(StateSource::File(File::open(&path).unwrap()).key(&LAYOUT).unwrap(), key);
-        assert_eq!(StateSource::File(File::open(&path).unwrap()).read(&LAYOUT).unwrap().1, state);
+        assert_eq!(Source::File(File::open(&path).unwrap()).snapshot_key(&LAYOUT).unwrap(), key);
+        assert_eq!(Source::File(File::open(&path).unwrap()).snapshot(&LAYOUT).unwrap().1, state);
         std::fs::remove_file(&path).unwrap();
         let other = StateLayout { identity: [4; 16], ..LAYOUT };
-        assert_eq!(StateSource::Memory(&bytes).read(&other).unwrap_err(), FormatError::OtherModel);
+        assert_eq!(Source::Memory(&bytes).snapshot(&other).unwrap_err(), FormatError::OtherModel);
     }
 
     #[test]
@@ -359,15 +332,15 @@ mod tests {
             let (_, _, mut bytes) = file(key_len, seed);
             let at = at % bytes.len();
             bytes[at] ^= flip;
-            prop_assert!(StateSource::Memory(&bytes).read(&LAYOUT).is_err(), "byte {} of {}", at, bytes.len());
+            prop_assert!(Source::Memory(&bytes).snapshot(&LAYOUT).is_err(), "byte {} of {}", at, bytes.len());
         }
 
         /// Any other length is refused, and arbitrary bytes never panic the reader.
         #[test]
         fn other_lengths_and_garbage_are_refused(key_len in 0usize..12, cut: usize, junk in proptest::collection::vec(any::<u8>(), 0..120)) {
             let (_, _, bytes) = file(key_len, 1);
-            prop_assert!(StateSource::Memory(&bytes[..cut % bytes.len()]).read(&LAYOUT).is_err());
-            prop_assert!(StateSource::Memory(&junk).read(&LAYOUT).is_err());
+            prop_assert!(Source::Memory(&bytes[..cut % bytes.len()]).snapshot(&LAYOUT).is_err());
+            prop_assert!(Source::Memory(&junk).snapshot(&LAYOUT).is_err());
         }
     }
 }
