@@ -12,6 +12,8 @@
 #   MODELS="smollm2 qwen3"   which models (also: qwen-coder, the server's default model;
 #                  qwen35, Qwen3.5-0.8B-shaped; qwen3moe, Qwen3-30B-A3B-shaped with 2 layers)
 #   PP=512,2048    prompt sizes (e.g. 512,2048,8192 for the cold 8k prefill)
+#   UBATCH=512     most prompt tokens per forward, for both (llama-bench's -ub default; the
+#                  server's --batch-tokens default, so a prompt is prefilled as the server does)
 #   BENCH=1        the comparison (0: skip it, e.g. to profile alone)
 #   PROFILE=1      perf profile of our pp512 and tg32@d512 on the Qwen3-shaped model (0: skip)
 #   BUSY=0         1: also our decode at depth 512 idle and with one core made busy by another
@@ -35,6 +37,7 @@ REPS="${REPS:-3}"
 ROUNDS="${ROUNDS:-1}"
 MODELS="${MODELS:-smollm2 qwen3}"
 PP="${PP:-512,2048}"
+UBATCH="${UBATCH:-512}"
 PROFILE="${PROFILE:-1}"
 BENCH="${BENCH:-1}"
 BUSY="${BUSY:-0}"
@@ -61,10 +64,10 @@ for m in $MODELS; do
   for r in $(seq 1 "$ROUNDS"); do
     log "$m round $r: ours"
     "$ours" --model "$f" --threads "$THREADS" --pp "$PP" --tg-ctx 512,2048 --tg-tokens 32 \
-      --reps "$REPS" --kv-budget-mib 256 --touch-kv --attention --json \
+      --ubatch "$UBATCH" --reps "$REPS" --kv-budget-mib 256 --touch-kv --attention --json \
       >"$OUT/ours-$m-$r.json" 2>"$OUT/ours-$m-$r.log"
     log "$m round $r: llama.cpp"
-    "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p "$PP" -n 0 -r "$REPS" -o json \
+    "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p "$PP" -n 0 -b 2048 -ub "$UBATCH" -r "$REPS" -o json \
       >"$OUT/llama-pp-$m-$r.json" 2>"$OUT/llama-pp-$m-$r.log"
     "$llama_bin/llama-bench" -m "$f" -t "$THREADS" -p 0 -n 32 -d 512,2048 -r "$REPS" -o json \
       >"$OUT/llama-tg-$m-$r.json" 2>"$OUT/llama-tg-$m-$r.log"

@@ -3,13 +3,14 @@
 //!
 //! ```text
 //! model-bench --model FILE.gguf [--threads 2] [--pp 512,2048] [--tg-ctx 512,2048]
-//!             [--tg-tokens 32] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
+//!             [--tg-tokens 32] [--ubatch 512] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
 //!             [--touch-kv] [--attention] [--json]
 //! ```
 //!
-//! - `pp N`: one forward of N prompt tokens into an empty context (logits for the last one);
-//!   tokens/s = N / time. Like llama-bench's `pp N`, except llama-bench splits N into ubatches
-//!   of 512.
+//! - `pp N`: N prompt tokens into an empty context in forwards of at most `--ubatch` tokens
+//!   (logits for the last token only); tokens/s = N / time. As llama-bench's `pp N` (its
+//!   default ubatch is 512) and as the server prefills a prompt (`--batch-tokens`, 512 by
+//!   default). `--ubatch 0` runs one forward of all N.
 //! - `tg @ C`: C prompt tokens are prefilled (untimed), then `--tg-tokens` decode steps of one
 //!   token each (logits wanted) are timed; tokens/s = steps / time. Like `llama-bench -n 32 -d C`.
 //!   Each repetition decodes at positions C.. again, over the same prefilled prefix.
@@ -54,6 +55,9 @@ struct Args {
     /// Decode steps timed per repetition.
     #[arg(long = "tg-tokens", default_value_t = 32)]
     tg_tokens: usize,
+    /// Most prompt tokens per forward in `--pp` and in the untimed prefills (0: all in one).
+    #[arg(long, default_value_t = 512)]
+    ubatch: usize,
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -93,7 +97,8 @@ fn tokens(n: usize, offset: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((offset + i) * 7919 % vocab) as u32).collect()
 }
 
-/// Runs one forward of `new` tokens ending at context `context_len`; a hybrid model's
+/// Runs one forward of `new` tokens ending at context `context_len` (`logits`: for its last
+/// token); a hybrid model's
 /// recurrent state is slot 0 of `state` (a forward from position 0 starts it afresh; the
 /// repeated decode runs at one depth continue a state that ran ahead, which costs the same).
 fn forward(
@@ -103,15 +108,38 @@ fn forward(
     pages: &[u32],
     new: &[u32],
     context_len: usize,
+    logits: bool,
 ) -> Result<f64> {
     let mut batch = ForwardBatch::default();
     let need = context_len.div_ceil(pool.page_size());
-    batch.push_with_state(new, context_len, pages[..need].to_vec(), true, state.as_ref().map(|_| 0));
+    batch.push_with_state(new, context_len, pages[..need].to_vec(), logits, state.as_ref().map(|_| 0));
     let t = Instant::now();
-    let logits = model.forward_with_state(&batch, pool, state.as_mut())?;
+    let out = model.forward_with_state(&batch, pool, state.as_mut())?;
     let dt = t.elapsed().as_secs_f64();
-    anyhow::ensure!(logits.dims()[0] == 1, "expected one row of logits, got {:?}", logits.dims());
+    if logits {
+        anyhow::ensure!(out.dims()[0] == 1, "expected one row of logits, got {:?}", out.dims());
+    }
     Ok(dt)
+}
+
+/// Prefills `prompt` into an empty context in forwards of at most `ubatch` tokens (0: one),
+/// as the server's scheduler splits a prompt; logits for the last token only. Returns the
+/// seconds spent in forwards.
+fn prefill(
+    model: &Model,
+    pool: &mut KvPool,
+    state: &mut Option<StatePool>,
+    pages: &[u32],
+    prompt: &[u32],
+    ubatch: usize,
+) -> Result<f64> {
+    let step = if ubatch == 0 { prompt.len().max(1) } else { ubatch };
+    let mut total = 0.0;
+    for (i, chunk) in prompt.chunks(step).enumerate() {
+        let end = i * step + chunk.len();
+        total += forward(model, pool, state, pages, chunk, end, end == prompt.len())?;
+    }
+    Ok(total)
 }
 
 /// The attention kernel alone: `write_kv` + `paged_attention` for every layer of a forward of
@@ -217,30 +245,45 @@ fn main() -> Result<()> {
     // candle repack every matrix a prefill touches, a MoE model's experts included, once) and a
     // decode step.
     let warm = a.pp.iter().copied().find(|&n| n > 0).unwrap_or(16).min(longest);
-    forward(&model, &mut pool, &mut state, &pages, &tokens(warm, 0, vocab), warm)?;
-    forward(&model, &mut pool, &mut state, &pages, &tokens(1, warm, vocab), warm + 1)?;
+    prefill(&model, &mut pool, &mut state, &pages, &tokens(warm, 0, vocab), a.ubatch)?;
+    forward(&model, &mut pool, &mut state, &pages, &tokens(1, warm, vocab), warm + 1, true)?;
 
     let rss_warm = status_kib("VmRSS:").unwrap_or(0);
     let mut results = Vec::new();
     for &n in a.pp.iter().filter(|&&n| n > 0) {
         let times: Vec<f64> = (0..a.reps)
-            .map(|r| forward(&model, &mut pool, &mut state, &pages, &tokens(n, r, vocab), n))
+            .map(|r| prefill(&model, &mut pool, &mut state, &pages, &tokens(n, r, vocab), a.ubatch))
             .collect::<Result<_>>()?;
         let s = median(times);
-        let attn = probe.as_mut().map(|p| median((0..a.reps).map(|_| p.time(n, n)).collect()));
+        let step = if a.ubatch == 0 { n } else { a.ubatch };
+        let chunk_ends: Vec<usize> = (step..n).step_by(step).chain([n]).collect();
+        let attn = probe.as_mut().map(|p| {
+            let once = |p: &mut AttentionProbe| {
+                let mut start = 0;
+                chunk_ends.iter().map(|&end| p.time(end - std::mem::replace(&mut start, end), end)).sum()
+            };
+            median((0..a.reps).map(|_| once(p)).collect())
+        });
         eprintln!("model-bench: pp{n}: {:.2} tok/s", n as f64 / s);
         results.push(json!({"test": format!("pp{n}"), "n_prompt": n, "n_gen": 0, "depth": 0,
             "seconds": s, "tokens_per_s": n as f64 / s, "attention_seconds": attn,
             "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
     }
     for &ctx in a.tg_ctx.iter().filter(|&&c| c > 0) {
-        forward(&model, &mut pool, &mut state, &pages, &tokens(ctx, 1000, vocab), ctx)?;
+        prefill(&model, &mut pool, &mut state, &pages, &tokens(ctx, 1000, vocab), a.ubatch)?;
         let mut times = Vec::new();
         for r in 0..a.reps {
             let mut total = 0.0;
             for i in 0..a.tg_tokens {
-                total +=
-                    forward(&model, &mut pool, &mut state, &pages, &tokens(1, 5000 + r * 100 + i, vocab), ctx + i + 1)?;
+                total += forward(
+                    &model,
+                    &mut pool,
+                    &mut state,
+                    &pages,
+                    &tokens(1, 5000 + r * 100 + i, vocab),
+                    ctx + i + 1,
+                    true,
+                )?;
             }
             times.push(total);
         }
