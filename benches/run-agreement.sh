@@ -41,14 +41,13 @@ for port in $ours_port $llama_port; do
 done
 
 python3 - "$ours_port" "$llama_port" "$STEPS" "$OUT" "$f" <<'EOF' | tee "$OUT/agreement.md"
-import json, sys, urllib.request
+import json, sys
+sys.path.insert(0, "benches")
+import bench_http
 ours, llama, steps, out, model = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 
 def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)
+    return bench_http.post(f"http://127.0.0.1:{port}", path, body, timeout=600)
 
 def greedy(port, ids, n):
     body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,

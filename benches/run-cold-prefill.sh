@@ -31,7 +31,10 @@ model=$(scripts/bench-model.sh "$MODEL")
 ctx=$(( ${TOKENS:-8192} + 1024 ))
 TARGET_DIR="$target_dir" LLAMA_BIN="$llama_bin" MODEL_FILE="$model" CTX="$ctx" THREADS="$THREADS" OUT="$OUT" \
   python3 - <<'EOF'
-import json, os, socket, statistics, subprocess, sys, time, urllib.request
+import os, statistics, subprocess, sys, time
+
+sys.path.insert(0, "benches")
+from bench_http import free_port, post, wait_healthy
 
 tokens, reps, rounds = (int(os.environ.get(k, d)) for k, d in (("TOKENS", 8192), ("REPS", 2), ("ROUNDS", 2)))
 threads, ctx, out = os.environ["THREADS"], os.environ["CTX"], os.environ["OUT"]
@@ -43,36 +46,13 @@ servers = {
                      "-c", ctx, "-np", "1"],
 }
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-def post(base, path, body):
-    request = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=3600) as r:
-        return json.load(r)
-
 def run(name, round_no, first_id):
     port = free_port()
     log = open(f"{out}/{name}-{round_no}.log", "w")
     proc = subprocess.Popen(servers[name] + ["--host", "127.0.0.1", "--port", str(port)], stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            if proc.poll() is not None:
-                sys.exit(f"run-cold-prefill: {name} exited {proc.returncode} (see {out}/{name}-{round_no}.log)")
-            try:
-                with urllib.request.urlopen(base + "/health") as r:
-                    if json.load(r).get("status") == "ok":
-                        break
-            except Exception:
-                pass
-            time.sleep(0.5)
-        else:
-            sys.exit(f"run-cold-prefill: {name} did not become healthy")
+        wait_healthy(base, f"run-cold-prefill: {name} (see {out}/{name}-{round_no}.log)", proc)
         vocab = 100000  # ids below every special token of the models bench-model.sh makes
         # Warm-up, as llama-bench warms up: a short prompt no later prompt starts with.
         post(base, "/completion", {"prompt": [(i * 31 + 7) % vocab for i in range(512)], "n_predict": 1,

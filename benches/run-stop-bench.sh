@@ -19,32 +19,23 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 
 python3 - "$port" <<'EOF'
-import json, os, statistics, sys, time, urllib.request
+import os, statistics, sys, time
+
+sys.path.insert(0, "benches")
+from bench_http import post, wait_healthy
 
 port = int(sys.argv[1])
 stops, tokens, reps = (int(os.environ.get(k, d)) for k, d in (("STOPS", 300000), ("TOKENS", 40), ("REPS", 5)))
 base = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        with urllib.request.urlopen(base + "/health") as r:
-            if json.load(r).get("status") == "ok":
-                break
-    except Exception:
-        pass
-    time.sleep(0.5)
-else:
-    sys.exit("run-stop-bench: the server did not become healthy (see /tmp/run-stop-bench.log)")
+wait_healthy(base, "run-stop-bench: the server (see /tmp/run-stop-bench.log)")
 
 def reply(stop_list):
     body = {"messages": [{"role": "user", "content": "Write a short story about a lighthouse keeper."}],
             "max_tokens": tokens, "temperature": 0, "cache_prompt": True}
     if stop_list:
         body["stop"] = stop_list
-    data = json.dumps(body).encode()
-    request = urllib.request.Request(base + "/v1/chat/completions", data, {"Content-Type": "application/json"})
     started = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=600) as r:
-        answer = json.load(r)
+    answer = post(base, "/v1/chat/completions", body, timeout=600)
     return time.perf_counter() - started, answer["choices"][0]["message"]["content"], answer["usage"]
 
 # A control character no reply contains starts every stop, so none matches.
