@@ -14,7 +14,7 @@ use radix_models::{
 use radix_serve::api::{
     ApiError, ApiKeys, ApiState, BrowserPolicy, HttpMetrics, PreparationPool, RequestRecorder, router,
 };
-use radix_serve::engine::{DiskTier, EngineConfig, EngineCore, EngineHandle, ModelIdentity};
+use radix_serve::engine::{DiskTier, EngineConfig, EngineCore, EngineHandle, ModelIdentity, build_id};
 use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
@@ -448,18 +448,22 @@ fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> 
         eprintln!("radix-serve: warning: --cache-dir is ignored with --no-prefix-cache");
         return Ok(None);
     }
-    // The server's version too: another build may compute K/V and states a little otherwise,
-    // and what it left must not change this one's answers.
     let settings = format!(
-        "radix-serve {}, kv dtype {:?}, page size {}, device {}, tensor path {}\n{:?}",
-        env!("CARGO_PKG_VERSION"),
+        "kv dtype {:?}, page size {}, device {}, tensor path {}\n{:?}",
         pool.dtype(),
         pool.page_size(),
         device_name(model.device()),
         args.tensor_path,
         model.config()
     );
-    let identity = ModelIdentity::of(weights, &settings)
+    // The build too: another build may compute K/V and states a little otherwise, and what it
+    // left must not change this one's answers.
+    let build = format!(
+        "radix-serve {} {}",
+        env!("CARGO_PKG_VERSION"),
+        build_id().context("cannot read the server's own executable, which names its disk cache's build")?
+    );
+    let identity = ModelIdentity::of(weights, &settings, &build)
         .with_context(|| format!("cannot read {} to identify its disk cache", weights.display()))?;
     let budget = (gib * (1u64 << 30) as f64) as u64;
     let opened = match model.config().hybrid.is_some() {
@@ -483,6 +487,12 @@ fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> 
             _ => format!("; removed {} damaged and {} unreachable files", found.damaged, found.unusable),
         }
     );
+    if found.other_builds_removed > 0 {
+        eprintln!(
+            "radix-serve: disk cache: removed {} directories of this model's cache left by other builds",
+            found.other_builds_removed
+        );
+    }
     Ok(Some(disk))
 }
 

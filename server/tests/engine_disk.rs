@@ -35,7 +35,7 @@ fn engine(pages: usize, page_size: usize, cache: bool, disk: Option<Disk>) -> En
         Model::load(&weights, &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() }).unwrap();
     let pool = KvPool::new(model.config(), page_size, pages, KvDType::F32).unwrap();
     let tier = disk.map(|d| {
-        let identity = ModelIdentity::of(&weights, &format!("f32, page size {page_size}")).unwrap();
+        let identity = ModelIdentity::of(&weights, &format!("f32, page size {page_size}"), "test").unwrap();
         DiskTier::open(d.dir, &identity, d.budget, &pool).unwrap().0
     });
     let core = EngineCore::new(model, pool, EngineConfig::new(4, 16, cache, 512), tokenizer());

@@ -23,7 +23,7 @@ const PAGE: usize = 4;
 fn engine(arch: &str, dir: &Path, budget: u64) -> EngineCore {
     let model = model(arch);
     let pool = KvPool::new(model.config(), PAGE, 1024, KvDType::F32).unwrap();
-    let identity = ModelIdentity::of(&fixture(arch, "model-f32.gguf"), "f32, page size 4").unwrap();
+    let identity = ModelIdentity::of(&fixture(arch, "model-f32.gguf"), "f32, page size 4", "test").unwrap();
     let state_bytes = StatePool::slot_bytes(model.config()).unwrap();
     let tier = DiskTier::open_hybrid(dir, &identity, budget, &pool, state_bytes).unwrap().0;
     let tokenizer = Arc::new(Tokenizer::from_gguf_file(fixture(arch, "model-f32.gguf")).unwrap());

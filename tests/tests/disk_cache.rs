@@ -1,12 +1,14 @@
 //! The disk tier end to end (`--cache-dir`, `--cache-disk`): an agent-shaped session survives
 //! a restart after SIGTERM and after SIGKILL; damaged page files are recomputed with the same
-//! answer; the budget holds; another model file in the same directory reuses nothing.
+//! answer; the budget holds; another model file in the same directory reuses nothing, and
+//! another build of the server reuses nothing and removes what its predecessor left.
 //! A hybrid (Qwen3.5) session resumes from its snapshots on disk. SmolLM2-135M, except the last
 //! two tests (the tiny qwen3 and qwen35 fixtures); about a minute in all on two
 //! cores.
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -253,13 +255,14 @@ fn another_model_file_with_the_same_cache_dir_reuses_nothing() {
     let dir = TempDir::new("models");
     let tiny = workspace_root().join("models/tests/fixtures/tiny/qwen3");
     let template = asset("qwen35_template");
-    let start = |file: &str| {
-        let mut command = std::process::Command::new(binary());
+    let start_build = |file: &str, binary: &Path| {
+        let mut command = std::process::Command::new(binary);
         let model = tiny.join(file);
         command.args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2", "-c", "512"]);
         command.args(["--chat-template-file", template.to_str().unwrap(), "--cache-dir", dir.arg()]);
         Server::start_custom(command)
     };
+    let start = |file: &str| start_build(file, &binary());
     let body = json!({"prompt": "the same prompt for both models, long enough to span pages ".repeat(3),
                       "max_tokens": 4, "temperature": 0});
     let completion = |server: &Server| {
@@ -277,10 +280,29 @@ fn another_model_file_with_the_same_cache_dir_reuses_nothing() {
     assert_eq!(completion(&f32_model), 0, "nothing of the other model is reused");
     assert!(f32_model.stop_with("TERM").success());
     drop(f32_model);
-    let quantized = start("model-q8_0.gguf");
+    let mut quantized = start("model-q8_0.gguf");
     assert!(completion(&quantized) > 100, "the first model's own cache is still there");
     let models = std::fs::read_dir(&dir.0).unwrap().count();
     assert_eq!(models, 2, "one directory per model");
+    assert!(quantized.stop_with("TERM").success());
+    drop(quantized);
+    // Another build of the server (its executable with one more byte: a build is known by its
+    // executable's hash) may compute K/V otherwise: it reuses nothing of the first model's
+    // cache and removes it, and leaves the other model's.
+    let builds = TempDir::new("other-build");
+    std::fs::create_dir_all(&builds.0).unwrap();
+    let other_build = builds.0.join("radix-serve");
+    std::fs::copy(binary(), &other_build).unwrap();
+    std::fs::OpenOptions::new().append(true).open(&other_build).unwrap().write_all(b"\0").unwrap();
+    let rebuilt = start_build("model-q8_0.gguf", &other_build);
+    assert!(
+        rebuilt.log().iter().any(|l| l.contains("removed 1 directories of this model's cache left by other builds")),
+        "{:?}",
+        rebuilt.log()
+    );
+    assert_eq!(completion(&rebuilt), 0, "another build reuses nothing");
+    let models = std::fs::read_dir(&dir.0).unwrap().count();
+    assert_eq!(models, 2, "the f32 model's directory and the new build's");
 }
 
 #[test]

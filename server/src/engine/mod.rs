@@ -23,6 +23,7 @@ pub mod stop;
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
 pub use constraint::{Constraint, ConstraintFactory};
 pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, EngineStats, ScheduledStep};
+pub use disk_tier::identity::build_id;
 pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};

@@ -1,11 +1,19 @@
-//! Which model and KV settings a disk cache belongs to. Page files are kept in a directory named
-//! by this identity and carry it in their header, so another model, another file of the same
-//! model, or another KV dtype, page size or device never reads them.
+//! Which model, KV settings and server build a disk cache belongs to. Page files are kept in a
+//! directory named by this identity and carry it in their header, so another model, another
+//! file of the same model, another KV dtype, page size or device, or another build of the
+//! server never reads them.
 //!
 //! The weights are recognised by content, not by path or mtime: each file's size and a hash of
 //! its first and last MiB (a GGUF header with its metadata and the last tensors' data; a
 //! safetensors header and its last tensors), so a model file moved or copied keeps its cache
 //! and a different file of the same size does not share it.
+//!
+//! The build is the hash of the server's own executable ([`build_id`]): another build may
+//! compute K/V and states a little otherwise (a kernel's summation order), and what it left
+//! must not change this one's answers. The crate version alone does not change between
+//! commits. What stays the same across builds is the identity's *model key*; a directory with
+//! this model key and another build is dead (no build of ours reads it again, short of going
+//! back to that exact binary), and [`DiskTier::open`](super::DiskTier::open) removes it.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -17,22 +25,29 @@ use sha2::{Digest, Sha256};
 const SAMPLE: u64 = 1 << 20;
 
 /// The format of the identity; changing what goes into it changes it.
-const IDENTITY_VERSION: &str = "radix-serve disk tier v1";
+const IDENTITY_VERSION: &str = "radix-serve disk tier v2";
+
+/// The line of `model.txt` that names the model key (see the module's doc).
+const MODEL_KEY_LINE: &str = "model key ";
 
 /// A model's identity for the disk tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelIdentity {
-    /// The hash everything below goes into.
+    /// The hash everything below goes into: the model key and the build.
     pub id: [u8; 16],
-    /// What went into it, for `model.txt` beside the pages (people reading the directory).
+    /// The hash of all but the build: the same for every build of the server.
+    pub model_key: [u8; 16],
+    /// What went into it, for `model.txt` beside the pages (people reading the directory, and
+    /// [`Self::is_other_build_of`] reading another directory's).
     pub description: String,
 }
 
 impl ModelIdentity {
     /// The identity of the model whose weights are at `weights` (a file, or a directory of
     /// safetensors and `config.json`), computed with `settings`: everything else that changes
-    /// the K/V (architecture and shapes, RoPE, KV dtype, page size, device).
-    pub fn of(weights: &Path, settings: &str) -> std::io::Result<Self> {
+    /// the K/V (architecture and shapes, RoPE, KV dtype, page size, device); `build` tells the
+    /// server's builds apart ([`build_id`]).
+    pub fn of(weights: &Path, settings: &str, build: &str) -> std::io::Result<Self> {
         let mut hasher = Sha256::new();
         let mut description = format!("{IDENTITY_VERSION}\n{settings}\n");
         hasher.update(description.as_bytes());
@@ -58,16 +73,51 @@ impl ModelIdentity {
             hasher.update(sample);
             description.push_str(&format!("weights {}: {size} bytes\n", path.display()));
         }
-        let digest = hasher.finalize();
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&digest[..16]);
-        Ok(ModelIdentity { id, description })
+        let model_key = first_16(hasher.finalize().as_slice());
+        let id = first_16(Sha256::new().chain_update(model_key).chain_update(build.as_bytes()).finalize().as_slice());
+        description.push_str(&format!("build {build}\n{MODEL_KEY_LINE}{}\n", hex(&model_key)));
+        Ok(ModelIdentity { id, model_key, description })
+    }
+
+    /// Whether `description`, another directory's `model.txt`, is this model's under another
+    /// build: the same model key, another identity. Files from before model keys have none and
+    /// are never taken for one.
+    pub fn is_other_build_of(&self, description: &str, dir_name: &str) -> bool {
+        let key = description.lines().find_map(|line| line.strip_prefix(MODEL_KEY_LINE));
+        key == Some(hex(&self.model_key).as_str()) && dir_name != self.hex()
     }
 
     /// The identity in hex, the name of its directory.
     pub fn hex(&self) -> String {
-        self.id.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&self.id)
     }
+}
+
+/// The running server's build: the first 8 bytes of the SHA-256 of its executable, in hex.
+/// Read once per process (a release binary is ~25 MB).
+pub fn build_id() -> std::io::Result<String> {
+    let exe = std::env::current_exe()?;
+    let mut file = File::open(&exe)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()[..8]))
+}
+
+fn first_16(digest: &[u8]) -> [u8; 16] {
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A file's size and the SHA-256 of its first and last [`SAMPLE`] bytes.
@@ -108,12 +158,41 @@ mod tests {
         *changed_tail.last_mut().unwrap() ^= 1;
         let b = write("b.gguf", &changed_tail);
         let small = write("small.gguf", b"tiny model");
-        let id = |p: &Path, s: &str| ModelIdentity::of(p, s).unwrap().id;
+        let id = |p: &Path, s: &str| ModelIdentity::of(p, s, "build 1").unwrap().id;
         assert_eq!(id(&a, "f16 page 1"), id(&copy, "f16 page 1"), "a copy is the same model");
         assert_ne!(id(&a, "f16 page 1"), id(&b, "f16 page 1"), "another file of the same size is not");
         assert_ne!(id(&a, "f16 page 1"), id(&a, "f16 page 4"), "other KV settings are not");
         assert_ne!(id(&small, "s"), id(&a, "s"));
-        assert_eq!(ModelIdentity::of(&a, "x").unwrap().hex().len(), 32);
+        assert_eq!(ModelIdentity::of(&a, "x", "build 1").unwrap().hex().len(), 32);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn another_build_is_another_identity_with_the_same_model_key() {
+        let dir = std::env::temp_dir().join(format!("radix-identity-build-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let weights = dir.join("m.gguf");
+        std::fs::write(&weights, b"some weights").unwrap();
+        let other_weights = dir.join("n.gguf");
+        std::fs::write(&other_weights, b"other weights").unwrap();
+        let old = ModelIdentity::of(&weights, "f16", "aaaa").unwrap();
+        let new = ModelIdentity::of(&weights, "f16", "bbbb").unwrap();
+        let other_model = ModelIdentity::of(&other_weights, "f16", "aaaa").unwrap();
+        let other_settings = ModelIdentity::of(&weights, "bf16", "aaaa").unwrap();
+        assert_ne!(old.id, new.id);
+        assert_eq!(old.model_key, new.model_key);
+        assert!(new.is_other_build_of(&old.description, &old.hex()));
+        assert!(!new.is_other_build_of(&new.description, &new.hex()), "its own directory is not another build");
+        assert!(!new.is_other_build_of(&other_model.description, &other_model.hex()));
+        assert!(!new.is_other_build_of(&other_settings.description, &other_settings.hex()));
+        assert!(!new.is_other_build_of("radix-serve disk tier v1\nno key here\n", "00"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_build_id_is_stable_within_a_process() {
+        let id = build_id().unwrap();
+        assert_eq!(id.len(), 16);
+        assert_eq!(id, build_id().unwrap());
     }
 }

@@ -100,6 +100,9 @@ pub struct OpenReport {
     pub unusable: usize,
     /// Snapshot files kept (hybrid models).
     pub snapshots: usize,
+    /// Directories of this model's cache from other builds of the server, removed: no build
+    /// reads them again.
+    pub other_builds_removed: usize,
 }
 
 /// The disk tier: its index, its files, its writer.
@@ -118,6 +121,30 @@ pub struct DiskTier {
     snapshots: SnapshotIndex,
     writer: Writer,
     metrics: DiskMetrics,
+}
+
+/// Removes the directories under `root` that hold this model's cache from another build
+/// ([`ModelIdentity::is_other_build_of`]); returns how many. One that cannot be read or removed
+/// is left with a warning: it costs disk space, never a wrong answer.
+fn remove_other_builds(root: &Path, identity: &ModelIdentity) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let (path, name) = (entry.path(), entry.file_name().to_string_lossy().into_owned());
+        let Ok(description) = std::fs::read_to_string(path.join("model.txt")) else { continue };
+        if !identity.is_other_build_of(&description, &name) {
+            continue;
+        }
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => removed += 1,
+            Err(e) => eprintln!(
+                "radix-serve: warning: disk cache: {} holds this model's cache from another build \
+                 and could not be removed: {e}",
+                path.display()
+            ),
+        }
+    }
+    removed
 }
 
 fn file_name(id: FileId) -> String {
@@ -170,6 +197,7 @@ impl DiskTier {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
         std::fs::write(dir.join("model.txt"), &identity.description)?;
+        let other_builds_removed = remove_other_builds(root, identity);
         let layout = Layout { identity: identity.id, page_size: pool.page_size(), page_bytes: pool.page_len_bytes() };
         let mut tier = DiskTier {
             writer: Writer::start(dir.clone())?,
@@ -185,7 +213,7 @@ impl DiskTier {
             snapshots: SnapshotIndex::default(),
             metrics: DiskMetrics::default(),
         };
-        let report = tier.load()?;
+        let report = OpenReport { other_builds_removed, ..tier.load()? };
         Ok((tier, report))
     }
 

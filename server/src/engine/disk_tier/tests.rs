@@ -47,7 +47,7 @@ fn identity(name: &str) -> ModelIdentity {
     for (i, b) in name.bytes().enumerate() {
         id[i % 16] = id[i % 16].wrapping_mul(31).wrapping_add(b);
     }
-    ModelIdentity { id, description: format!("test model {name}\n") }
+    ModelIdentity { id, model_key: id, description: format!("test model {name}\n") }
 }
 
 fn page_bytes(pool: &KvPool, page: u32) -> Vec<u8> {
@@ -301,4 +301,37 @@ fn another_model_in_the_same_directory_reuses_nothing() {
     drop(b);
     let (_, report) = open(&dir, "model-b", 1 << 30, &source);
     assert_eq!((report.files, report.damaged), (0, 1));
+}
+
+#[test]
+fn another_build_of_the_model_removes_the_old_builds_directory_and_no_other() {
+    let weights_dir = TempDir::new("build-weights");
+    let weights = weights_dir.0.join("m.gguf");
+    std::fs::write(&weights, b"the weights").unwrap();
+    let other_weights = weights_dir.0.join("n.gguf");
+    std::fs::write(&other_weights, b"other weights").unwrap();
+    let dir = TempDir::new("builds");
+    let source = pool(1, 1.0);
+    let key: Vec<u32> = (0..6).collect();
+    let write = |identity: &ModelIdentity| {
+        let (mut tier, report) = DiskTier::open(&dir.0, identity, 1 << 30, &source).unwrap();
+        tier.persist(&key, &(0..6).collect::<Vec<_>>(), &source);
+        tier.flush();
+        (tier.dir().to_owned(), report)
+    };
+    let old_build = ModelIdentity::of(&weights, "f16", "build 1").unwrap();
+    let other_model = ModelIdentity::of(&other_weights, "f16", "build 1").unwrap();
+    let (old_dir, _) = write(&old_build);
+    let (other_dir, _) = write(&other_model);
+    let new_build = ModelIdentity::of(&weights, "f16", "build 2").unwrap();
+    let (mut tier, report) = DiskTier::open(&dir.0, &new_build, 1 << 30, &source).unwrap();
+    assert_eq!((report.other_builds_removed, report.files), (1, 0));
+    assert!(!old_dir.exists(), "the old build's pages are gone");
+    assert!(other_dir.exists(), "another model's cache stays");
+    let mut target = pool(1, 0.5);
+    assert_eq!(tier.restore(&key, 0, &(40..46).collect::<Vec<_>>(), &mut target), 0);
+    // Reopening the same build removes nothing.
+    drop(tier);
+    let (_, report) = write(&new_build);
+    assert_eq!(report.other_builds_removed, 0);
 }
