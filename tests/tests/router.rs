@@ -94,7 +94,9 @@ fn worker_endpoints_answer_what_routers_read() {
     let (status, _, error) = post_with(&server.base, "/v1/messages", &[("x-smg-routing-key", &long)], &messages);
     assert_eq!((status, error["type"].as_str()), (400, Some("error")), "{error}");
 
-    // The cache now holds the prompt; the load says so, and a flush empties it.
+    // The cache now holds the prompt; the load says so, and a flush empties it. A reply is sent
+    // before its sequence leaves the engine, so wait for that: the flush is then immediate.
+    server.wait_idle();
     let load = server.get("/get_load");
     let cached = load[0]["num_cached_tokens"].as_u64().unwrap();
     assert!(cached > 0 && cached.is_multiple_of(page_size), "{load}");
