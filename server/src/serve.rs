@@ -489,7 +489,7 @@ fn disk_tier(args: &ServeArgs, weights: &Path, model: &Model, pool: &KvPool) -> 
     );
     if found.other_builds_removed > 0 {
         eprintln!(
-            "radix-serve: disk cache: removed {} directories of this model's cache left by other builds",
+            "radix-serve: disk cache: removed {} directories left by other builds of radix-serve",
             found.other_builds_removed
         );
     }

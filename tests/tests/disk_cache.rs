@@ -296,7 +296,7 @@ fn another_model_file_with_the_same_cache_dir_reuses_nothing() {
     std::fs::OpenOptions::new().append(true).open(&other_build).unwrap().write_all(b"\0").unwrap();
     let rebuilt = start_build("model-q8_0.gguf", &other_build);
     assert!(
-        rebuilt.log().iter().any(|l| l.contains("removed 1 directories of this model's cache left by other builds")),
+        rebuilt.log().iter().any(|l| l.contains("removed 1 directories left by other builds of radix-serve")),
         "{:?}",
         rebuilt.log()
     );

@@ -13,7 +13,8 @@
 //! must not change this one's answers. The crate version alone does not change between
 //! commits. What stays the same across builds is the identity's *model key*; a directory with
 //! this model key and another build is dead (no build of ours reads it again, short of going
-//! back to that exact binary), and [`DiskTier::open`](super::DiskTier::open) removes it.
+//! back to that exact binary), and so is any directory of an older identity format:
+//! [`DiskTier::open`](super::DiskTier::open) removes both.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -27,6 +28,9 @@ const SAMPLE: u64 = 1 << 20;
 /// The format of the identity; changing what goes into it changes it.
 const IDENTITY_VERSION: &str = "radix-serve disk tier v2";
 
+/// What every format's first line of `model.txt` starts with.
+const IDENTITY_FORMAT_PREFIX: &str = "radix-serve disk tier v";
+
 /// The line of `model.txt` that names the model key (see the module's doc).
 const MODEL_KEY_LINE: &str = "model key ";
 
@@ -38,7 +42,7 @@ pub struct ModelIdentity {
     /// The hash of all but the build: the same for every build of the server.
     pub model_key: [u8; 16],
     /// What went into it, for `model.txt` beside the pages (people reading the directory, and
-    /// [`Self::is_other_build_of`] reading another directory's).
+    /// [`Self::is_dead_directory`] reading another directory's).
     pub description: String,
 }
 
@@ -79,10 +83,14 @@ impl ModelIdentity {
         Ok(ModelIdentity { id, model_key, description })
     }
 
-    /// Whether `description`, another directory's `model.txt`, is this model's under another
-    /// build: the same model key, another identity. Files from before model keys have none and
-    /// are never taken for one.
-    pub fn is_other_build_of(&self, description: &str, dir_name: &str) -> bool {
+    /// Whether `description`, another directory's `model.txt`, is dead to this server: this
+    /// model's under another build (the same model key, another identity), or any model's
+    /// under an older identity format, which no build of this format computes again.
+    pub fn is_dead_directory(&self, description: &str, dir_name: &str) -> bool {
+        let format = description.lines().next().unwrap_or_default();
+        if format.starts_with(IDENTITY_FORMAT_PREFIX) && format != IDENTITY_VERSION {
+            return true;
+        }
         let key = description.lines().find_map(|line| line.strip_prefix(MODEL_KEY_LINE));
         key == Some(hex(&self.model_key).as_str()) && dir_name != self.hex()
     }
@@ -181,11 +189,13 @@ mod tests {
         let other_settings = ModelIdentity::of(&weights, "bf16", "aaaa").unwrap();
         assert_ne!(old.id, new.id);
         assert_eq!(old.model_key, new.model_key);
-        assert!(new.is_other_build_of(&old.description, &old.hex()));
-        assert!(!new.is_other_build_of(&new.description, &new.hex()), "its own directory is not another build");
-        assert!(!new.is_other_build_of(&other_model.description, &other_model.hex()));
-        assert!(!new.is_other_build_of(&other_settings.description, &other_settings.hex()));
-        assert!(!new.is_other_build_of("radix-serve disk tier v1\nno key here\n", "00"));
+        assert!(new.is_dead_directory(&old.description, &old.hex()));
+        assert!(!new.is_dead_directory(&new.description, &new.hex()), "its own directory is not another build");
+        assert!(!new.is_dead_directory(&other_model.description, &other_model.hex()));
+        assert!(!new.is_dead_directory(&other_settings.description, &other_settings.hex()));
+        let v1 = "radix-serve disk tier v1\nkv dtype F16\nweights /m.gguf: 12 bytes\n";
+        assert!(new.is_dead_directory(v1, "00"), "an older format is dead to every model");
+        assert!(!new.is_dead_directory("test model\nno key here\n", "00"), "what it cannot tell stays");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -100,8 +100,8 @@ pub struct OpenReport {
     pub unusable: usize,
     /// Snapshot files kept (hybrid models).
     pub snapshots: usize,
-    /// Directories of this model's cache from other builds of the server, removed: no build
-    /// reads them again.
+    /// Directories left by other builds of the server, removed: this model's under another
+    /// build, and any of an older identity format. No build reads them again.
     pub other_builds_removed: usize,
 }
 
@@ -123,8 +123,9 @@ pub struct DiskTier {
     metrics: DiskMetrics,
 }
 
-/// Removes the directories under `root` that hold this model's cache from another build
-/// ([`ModelIdentity::is_other_build_of`]); returns how many. One that cannot be read or removed
+/// Removes the directories under `root` that no build of this format reads again, this model's
+/// from other builds and any of an older format ([`ModelIdentity::is_dead_directory`]);
+/// returns how many. One that cannot be read or removed
 /// is left with a warning: it costs disk space, never a wrong answer.
 fn remove_other_builds(root: &Path, identity: &ModelIdentity) -> usize {
     let Ok(entries) = std::fs::read_dir(root) else { return 0 };
@@ -132,14 +133,14 @@ fn remove_other_builds(root: &Path, identity: &ModelIdentity) -> usize {
     for entry in entries.flatten() {
         let (path, name) = (entry.path(), entry.file_name().to_string_lossy().into_owned());
         let Ok(description) = std::fs::read_to_string(path.join("model.txt")) else { continue };
-        if !identity.is_other_build_of(&description, &name) {
+        if !identity.is_dead_directory(&description, &name) {
             continue;
         }
         match std::fs::remove_dir_all(&path) {
             Ok(()) => removed += 1,
             Err(e) => eprintln!(
-                "radix-serve: warning: disk cache: {} holds this model's cache from another build \
-                 and could not be removed: {e}",
+                "radix-serve: warning: disk cache: {} was left by another build and could not be \
+                 removed: {e}",
                 path.display()
             ),
         }

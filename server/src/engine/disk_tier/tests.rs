@@ -304,7 +304,7 @@ fn another_model_in_the_same_directory_reuses_nothing() {
 }
 
 #[test]
-fn another_build_of_the_model_removes_the_old_builds_directory_and_no_other() {
+fn another_build_removes_its_predecessors_and_older_formats_directories_and_no_other() {
     let weights_dir = TempDir::new("build-weights");
     let weights = weights_dir.0.join("m.gguf");
     std::fs::write(&weights, b"the weights").unwrap();
@@ -323,10 +323,15 @@ fn another_build_of_the_model_removes_the_old_builds_directory_and_no_other() {
     let other_model = ModelIdentity::of(&other_weights, "f16", "build 1").unwrap();
     let (old_dir, _) = write(&old_build);
     let (other_dir, _) = write(&other_model);
+    // A directory of the first identity format, any model's.
+    let v1_dir = dir.0.join("00112233445566778899aabbccddeeff");
+    std::fs::create_dir_all(&v1_dir).unwrap();
+    std::fs::write(v1_dir.join("model.txt"), "radix-serve disk tier v1\nkv dtype F16\n").unwrap();
     let new_build = ModelIdentity::of(&weights, "f16", "build 2").unwrap();
     let (mut tier, report) = DiskTier::open(&dir.0, &new_build, 1 << 30, &source).unwrap();
-    assert_eq!((report.other_builds_removed, report.files), (1, 0));
+    assert_eq!((report.other_builds_removed, report.files), (2, 0));
     assert!(!old_dir.exists(), "the old build's pages are gone");
+    assert!(!v1_dir.exists(), "so is the older format's directory");
     assert!(other_dir.exists(), "another model's cache stays");
     let mut target = pool(1, 0.5);
     assert_eq!(tier.restore(&key, 0, &(40..46).collect::<Vec<_>>(), &mut target), 0);
