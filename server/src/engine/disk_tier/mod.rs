@@ -125,9 +125,9 @@ pub struct DiskTier {
 
 /// Removes the directories under `root` that no build of this format reads again, this model's
 /// from other builds and any of an older format ([`ModelIdentity::is_dead_directory`]);
-/// returns how many. One that cannot be read or removed
-/// is left with a warning: it costs disk space, never a wrong answer.
-fn remove_other_builds(root: &Path, identity: &ModelIdentity) -> usize {
+/// returns how many. One that cannot be read or removed is left with a warning: it costs disk
+/// space, never a wrong answer.
+fn remove_dead_directories(root: &Path, identity: &ModelIdentity) -> usize {
     let Ok(entries) = std::fs::read_dir(root) else { return 0 };
     let mut removed = 0;
     for entry in entries.flatten() {
@@ -198,7 +198,7 @@ impl DiskTier {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
         std::fs::write(dir.join("model.txt"), &identity.description)?;
-        let other_builds_removed = remove_other_builds(root, identity);
+        let other_builds_removed = remove_dead_directories(root, identity);
         let layout = Layout { identity: identity.id, page_size: pool.page_size(), page_bytes: pool.page_len_bytes() };
         let mut tier = DiskTier {
             writer: Writer::start(dir.clone())?,
