@@ -98,9 +98,9 @@ fn tokens(n: usize, offset: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Runs one forward of `new` tokens ending at context `context_len` (`logits`: for its last
-/// token); a hybrid model's
-/// recurrent state is slot 0 of `state` (a forward from position 0 starts it afresh; the
-/// repeated decode runs at one depth continue a state that ran ahead, which costs the same).
+/// token); a hybrid model's recurrent state is slot 0 of `state` (a forward from position 0
+/// starts it afresh; the repeated decode runs at one depth continue a state that ran ahead,
+/// which costs the same).
 fn forward(
     model: &Model,
     pool: &mut KvPool,
@@ -122,9 +122,15 @@ fn forward(
     Ok(dt)
 }
 
-/// Prefills `prompt` into an empty context in forwards of at most `ubatch` tokens (0: one),
-/// as the server's scheduler splits a prompt; logits for the last token only. Returns the
-/// seconds spent in forwards.
+/// The forwards a prompt of `n` tokens is prefilled in, as the server's scheduler splits it:
+/// `(start, end)` of at most `ubatch` tokens each (0: one forward).
+fn ubatches(n: usize, ubatch: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = if ubatch == 0 { n.max(1) } else { ubatch };
+    (0..n).step_by(step).map(move |start| (start, (start + step).min(n)))
+}
+
+/// Prefills `prompt` into an empty context in [`ubatches`]; logits for the last token only.
+/// Returns the seconds spent in forwards.
 fn prefill(
     model: &Model,
     pool: &mut KvPool,
@@ -133,11 +139,9 @@ fn prefill(
     prompt: &[u32],
     ubatch: usize,
 ) -> Result<f64> {
-    let step = if ubatch == 0 { prompt.len().max(1) } else { ubatch };
     let mut total = 0.0;
-    for (i, chunk) in prompt.chunks(step).enumerate() {
-        let end = i * step + chunk.len();
-        total += forward(model, pool, state, pages, chunk, end, end == prompt.len())?;
+    for (start, end) in ubatches(prompt.len(), ubatch) {
+        total += forward(model, pool, state, pages, &prompt[start..end], end, end == prompt.len())?;
     }
     Ok(total)
 }
@@ -255,13 +259,9 @@ fn main() -> Result<()> {
             .map(|r| prefill(&model, &mut pool, &mut state, &pages, &tokens(n, r, vocab), a.ubatch))
             .collect::<Result<_>>()?;
         let s = median(times);
-        let step = if a.ubatch == 0 { n } else { a.ubatch };
-        let chunk_ends: Vec<usize> = (step..n).step_by(step).chain([n]).collect();
         let attn = probe.as_mut().map(|p| {
-            let once = |p: &mut AttentionProbe| {
-                let mut start = 0;
-                chunk_ends.iter().map(|&end| p.time(end - std::mem::replace(&mut start, end), end)).sum()
-            };
+            let once =
+                |p: &mut AttentionProbe| ubatches(n, a.ubatch).map(|(start, end)| p.time(end - start, end)).sum();
             median((0..a.reps).map(|_| once(p)).collect())
         });
         eprintln!("model-bench: pp{n}: {:.2} tok/s", n as f64 / s);

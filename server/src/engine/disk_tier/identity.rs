@@ -102,19 +102,10 @@ impl ModelIdentity {
 }
 
 /// The running server's build: the first 8 bytes of the SHA-256 of its executable, in hex.
-/// Read once per process (a release binary is ~25 MB).
+/// It reads the whole file (a release binary is ~25 MB): the server asks once, at start-up.
 pub fn build_id() -> std::io::Result<String> {
-    let exe = std::env::current_exe()?;
-    let mut file = File::open(&exe)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
+    std::io::copy(&mut File::open(std::env::current_exe()?)?, &mut hasher)?;
     Ok(hex(&hasher.finalize()[..8]))
 }
 
