@@ -216,6 +216,37 @@ fn a_cache_namespace_reuses_only_its_own_prefixes() {
     assert!(cached(&mut engine, None) >= 36);
 }
 
+/// Two prompts of one namespace that differ only in their first tokens share nothing: the
+/// second is served none of the first's K/V and answers as it does with the cache off. (A key
+/// that wrote the salt over the first two tokens served it the first's 38 tokens.)
+#[test]
+fn salted_prompts_that_differ_only_in_their_first_tokens_share_nothing() {
+    use radix_serve::engine::CacheNamespace;
+    for page_size in [1, 2] {
+        let mut engine = engine(256, page_size, true);
+        let tail = prompt(7, &[], 38);
+        let salted = |head: [u32; 2], use_cache: bool| GenerateRequest {
+            cache_namespace: CacheNamespace::new(Some("tenant")),
+            ..request([head.as_slice(), &tail].concat(), 8, use_cache)
+        };
+        let first = run(&mut engine, vec![salted([11, 12], true)]).remove(0);
+        assert_eq!(first.cached, 0);
+        let second = run(&mut engine, vec![salted([13, 14], true)]).remove(0);
+        assert_eq!(second.cached, 0, "page size {page_size}: another prompt's K/V was served");
+        let cold = run(&mut engine, vec![salted([13, 14], false)]).remove(0);
+        assert_eq!(second.tokens, cold.tokens, "page size {page_size}");
+        // Only the very first token differs; one that shares the first token reuses just it.
+        let third = run(&mut engine, vec![salted([15, 12], true)]).remove(0);
+        assert_eq!(third.cached, 0, "page size {page_size}");
+        let fourth = run(&mut engine, vec![salted([11, 16], true)]).remove(0);
+        assert_eq!(fourth.cached, if page_size == 1 { 1 } else { 0 }, "page size {page_size}: whole pages only");
+        // A one-token prompt works.
+        let one = GenerateRequest { cache_namespace: CacheNamespace::new(Some("tenant")), ..request(vec![5], 3, true) };
+        assert_eq!(run(&mut engine, vec![one.clone()]).remove(0).tokens, run(&mut engine, vec![one])[0].tokens);
+        engine.check_invariants().unwrap();
+    }
+}
+
 #[test]
 fn counts_show_a_step_as_soon_as_it_is_scheduled() {
     let mut engine = engine(256, 4, true);

@@ -177,6 +177,7 @@ fn misses_are_placed_and_explained() {
     assert_eq!(last["cache_report"]["reason"], Json::Null, "a repeat is a full hit: {last}");
     no_client_reads_another_clients_prompt(&server);
     a_cache_salt_keeps_its_prefixes_to_itself(&server);
+    salted_prompts_that_differ_only_at_their_start_share_nothing(&server);
     prompt_parts_add_up_and_match_each_parts_own_tokens(&server);
     let _ = std::fs::remove_file(template);
 }
@@ -242,6 +243,26 @@ fn a_cache_salt_keeps_its_prefixes_to_itself(server: &Server) {
     let hit = cached(Some("tenant-a"));
     assert!(hit >= 48, "the same salt hits: {hit} cached tokens");
     assert!(cached(None) >= 48, "requests without a salt share among themselves");
+}
+
+/// Two raw prompts under one salt that differ only in their first words and share a long tail:
+/// the second is served nothing of the first's K/V and answers as it does with
+/// `cache_prompt: false`. (A key that wrote the salt over the first two tokens served it the
+/// whole tail.)
+fn salted_prompts_that_differ_only_at_their_start_share_nothing(server: &Server) {
+    let tail = common::filler(5, 40);
+    let complete = |head: &str, cache_prompt: bool| -> (u64, String) {
+        let body = json!({"prompt": format!("{head} {tail}"), "max_tokens": 8, "temperature": 0,
+            "cache_salt": "tenant-c", "cache_prompt": cache_prompt});
+        let (status, response) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{response}");
+        let cached = response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        (cached, response["choices"][0]["text"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(complete("Alpha beta", true).0, 0, "a new prompt");
+    let (cached, warm) = complete("Gamma delta", true);
+    assert_eq!(cached, 0, "another prompt's K/V was served");
+    assert_eq!(warm, complete("Gamma delta", false).1, "the reply depends on the cache");
 }
 
 /// `prompt_parts`: an agent-shaped request (system prompt, tool schemas, a tool call with its

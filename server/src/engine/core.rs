@@ -180,8 +180,8 @@ impl EngineCore {
     pub fn flush_disk(&mut self) {
         let Some(disk) = self.disk.as_mut() else { return };
         if let Some(state) = &self.state {
-            for (key, slot) in self.cache.snapshot_prefixes() {
-                disk.persist_snapshot(&key, state, slot);
+            for snapshot in self.cache.snapshot_prefixes() {
+                disk.persist_snapshot(snapshot.key(), state, snapshot.slot);
             }
         }
         disk.flush();
@@ -234,7 +234,7 @@ impl EngineCore {
     pub fn snapshot_states(&self) -> Vec<(Vec<u32>, Vec<f32>)> {
         let Some(state) = &self.state else { return Vec::new() };
         let snapshots = self.cache.snapshot_prefixes();
-        snapshots.into_iter().map(|(tokens, slot)| (tokens, state.read_slot(slot).expect("a snapshot slot"))).collect()
+        snapshots.into_iter().map(|s| (s.tokens, state.read_slot(s.slot).expect("a snapshot slot"))).collect()
     }
 
     /// Recently computed sequences, most reused first (for `/v1/cache`).
@@ -336,8 +336,7 @@ impl EngineCore {
                 let key = seq.cache_key(seq.prompt_len - 1);
                 restored = match (self.state.as_mut(), seq.state_slot) {
                     (Some(state), Some(slot)) => {
-                        let n =
-                            disk.restore_resumable(&key, seq.cached_tokens, &seq.pages, &mut self.pool, state, slot);
+                        let n = disk.restore_resumable(key, seq.cached_tokens, &seq.pages, &mut self.pool, state, slot);
                         // The state read back goes into the tree with the prompt's K/V, so the
                         // next request with this prefix finds it in memory.
                         if n > 0
@@ -348,7 +347,7 @@ impl EngineCore {
                         }
                         n
                     }
-                    _ => disk.restore(&key, seq.cached_tokens, &seq.pages, &mut self.pool),
+                    _ => disk.restore(key, seq.cached_tokens, &seq.pages, &mut self.pool),
                 };
                 seq.cached_tokens += restored;
                 seq.computed += restored;
@@ -394,7 +393,7 @@ impl EngineCore {
                         if let Some(disk) = self.disk.as_mut()
                             && seq.expects_resume_at(point)
                         {
-                            disk.persist_snapshot(&seq.cache_key(point), state, slot);
+                            disk.persist_snapshot(seq.cache_key(point), state, slot);
                         }
                     }
                 }
@@ -414,7 +413,7 @@ impl EngineCore {
                 if let Some(disk) = self.disk.as_mut()
                     && self.cache.serves(seq.request.use_cache)
                 {
-                    disk.persist(&seq.cache_key(member.end), &seq.pages, &self.pool);
+                    disk.persist(seq.cache_key(member.end), &seq.pages, &self.pool);
                 }
             }
             seq.computed = member.end;
@@ -446,7 +445,7 @@ impl EngineCore {
             && !failed
             && self.cache.serves(seq.request.use_cache)
         {
-            disk.persist(&seq.cache_key(seq.computed), &seq.pages, &self.pool);
+            disk.persist(seq.cache_key(seq.computed), &seq.pages, &self.pool);
         }
         self.cache.release(&mut seq);
         if let Some(slot) = seq.state_slot.take() {
@@ -472,7 +471,7 @@ impl EngineCore {
                 state.copy_slot(from, slot).expect("snapshot and sequence slots are in the pool");
                 seq.snapshots.push((end, slot));
                 if let Some(disk) = self.disk.as_mut() {
-                    disk.persist_snapshot(&seq.cache_key(end), state, slot);
+                    disk.persist_snapshot(seq.cache_key(end), state, slot);
                 }
             }
             return;
@@ -482,7 +481,7 @@ impl EngineCore {
                 true => {
                     seq.snapshots.push((len, slot));
                     if let Some(disk) = self.disk.as_mut() {
-                        disk.persist_snapshot(&seq.cache_key(len), state, slot);
+                        disk.persist_snapshot(seq.cache_key(len), state, slot);
                     }
                 }
                 false => self.cache.free_snapshot(slot),

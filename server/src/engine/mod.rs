@@ -4,6 +4,7 @@
 //! over the radix tree in `radix.rs` and the page allocator in `pages.rs`) owns every page; the
 //! disk tier (`disk_tier/`) keeps the tree's pages in files too, across evictions and restarts.
 
+pub mod cache_key;
 pub mod cache_report;
 pub mod constraint;
 pub mod core;
@@ -20,6 +21,7 @@ mod scheduler;
 mod sequence;
 pub mod stop;
 
+pub use cache_key::{CacheKey, CacheNamespace};
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
 pub use constraint::{Constraint, ConstraintFactory};
 pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, EngineStats, ScheduledStep};
@@ -28,7 +30,7 @@ pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};
 pub use pages::PageAllocator;
-pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit};
-pub use request::{CacheNamespace, EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
+pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit, SnapshotPrefix};
+pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutput};

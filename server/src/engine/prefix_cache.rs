@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::ops::Range;
 
 use super::pages::PageAllocator;
-use super::radix::RadixCache;
+use super::radix::{RadixCache, SnapshotPrefix};
 use super::sequence::Sequence;
 
 /// The radix tree and the page allocator, and every rule about who owns which page.
@@ -72,8 +72,8 @@ impl PrefixCache {
         self.snapshots.as_ref().map_or(0, |s| s.all.len())
     }
 
-    /// Every snapshot in the tree: its prefix's token key and its slot.
-    pub(crate) fn snapshot_prefixes(&self) -> Vec<(Vec<u32>, u32)> {
+    /// Every snapshot in the tree: its prefix and its slot.
+    pub(crate) fn snapshot_prefixes(&self) -> Vec<SnapshotPrefix> {
         self.tree.snapshot_prefixes()
     }
 
@@ -114,7 +114,7 @@ impl PrefixCache {
         for (len, slot) in std::mem::take(&mut seq.snapshots) {
             if len > upto {
                 later.push((len, slot));
-            } else if let Err(slot) = self.tree.attach_snapshot(&seq.cache_key(len), slot, seq.expects_resume_at(len)) {
+            } else if let Err(slot) = self.tree.attach_snapshot(seq.cache_key(len), slot, seq.expects_resume_at(len)) {
                 self.free_snapshot(slot);
             }
         }
@@ -167,7 +167,7 @@ impl PrefixCache {
         if !self.serves(seq.request.use_cache) {
             return 0;
         }
-        let m = self.tree.match_prefix(&seq.cache_key(len));
+        let m = self.tree.match_prefix(seq.cache_key(len));
         match self.snapshots {
             Some(_) => m.snapshot.map_or(0, |hit| hit.tokens),
             None => m.tokens,
@@ -181,7 +181,7 @@ impl PrefixCache {
     pub(crate) fn place(&mut self, seq: &mut Sequence) -> bool {
         let (mut node, mut cached, mut pages, mut kv_matched, mut restore) = (None, 0, Vec::new(), 0, None);
         if self.serves(seq.request.use_cache) {
-            let m = self.tree.match_prefix(&seq.cache_key(seq.prompt_len - 1));
+            let m = self.tree.match_prefix(seq.cache_key(seq.prompt_len - 1));
             kv_matched = m.tokens;
             if self.snapshots.is_some() {
                 seq.expected_points = expected_points(seq, self.page_size);
@@ -247,9 +247,9 @@ impl PrefixCache {
             return;
         }
         let key = seq.cache_key(computed);
-        let inserted = self.tree.insert(&key, &seq.pages);
+        let inserted = self.tree.insert(key, &seq.pages);
         if !inserted.duplicate_pages.is_empty() {
-            let tree_pages = self.tree.match_prefix(&key[..inserted.present_tokens]).pages;
+            let tree_pages = self.tree.match_prefix(key.prefix(inserted.present_tokens)).pages;
             seq.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
             self.alloc.release(inserted.duplicate_pages);
         }
@@ -265,7 +265,7 @@ impl PrefixCache {
     /// tree does not take, and unlocks its prefix.
     pub(crate) fn release(&mut self, seq: &mut Sequence) {
         let kept = if self.serves(seq.request.use_cache) {
-            let inserted = self.tree.insert(&seq.cache_key(seq.computed), &seq.pages);
+            let inserted = self.tree.insert(seq.cache_key(seq.computed), &seq.pages);
             self.alloc.release(inserted.duplicate_pages);
             self.file_snapshots(seq, seq.computed);
             seq.computed / self.page_size
@@ -343,7 +343,7 @@ impl PrefixCache {
             return Err("a node is locked while nothing runs".into());
         }
         if let Some(slots) = &self.snapshots {
-            let tree = self.tree.snapshot_prefixes().into_iter().map(|(_, slot)| slot);
+            let tree = self.tree.snapshot_prefixes().into_iter().map(|s| s.slot);
             let held =
                 running.iter().flat_map(|s| s.snapshots.iter().chain(&s.rolling_snapshot).map(|&(_, slot)| slot));
             let mut all: Vec<u32> = slots.free.iter().copied().chain(tree).chain(held).collect();

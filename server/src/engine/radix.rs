@@ -28,6 +28,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
+use super::cache_key::{CacheKey, CacheNamespace};
+
 /// Index of a node in the tree's arena.
 pub type NodeId = usize;
 
@@ -36,6 +38,8 @@ const ROOT: NodeId = 0;
 #[derive(Debug, Clone)]
 struct Node {
     parent: NodeId,
+    /// The namespace of every prefix through this node (the root's is unused).
+    namespace: CacheNamespace,
     tokens: Vec<u32>,
     pages: Vec<u32>,
     children: HashMap<Vec<u32>, NodeId>,
@@ -59,8 +63,18 @@ struct Snapshot {
 }
 
 impl Node {
-    fn new(parent: NodeId, tokens: Vec<u32>, pages: Vec<u32>, last_use: u64) -> Self {
-        Node { parent, tokens, pages, children: HashMap::new(), lock: 0, last_use, alive: true, snapshot: None }
+    fn new(parent: NodeId, namespace: CacheNamespace, tokens: Vec<u32>, pages: Vec<u32>, last_use: u64) -> Self {
+        Node {
+            parent,
+            namespace,
+            tokens,
+            pages,
+            children: HashMap::new(),
+            lock: 0,
+            last_use,
+            alive: true,
+            snapshot: None,
+        }
     }
 }
 
@@ -73,6 +87,24 @@ pub struct SnapshotHit {
     pub tokens: usize,
     /// The state-pool slot holding the state.
     pub slot: u32,
+}
+
+/// A snapshot in the tree and the prefix it is the state after ([`RadixCache::snapshot_prefixes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPrefix {
+    /// The prefix's namespace.
+    pub namespace: CacheNamespace,
+    /// The prefix's tokens.
+    pub tokens: Vec<u32>,
+    /// The state-pool slot holding the state.
+    pub slot: u32,
+}
+
+impl SnapshotPrefix {
+    /// The prefix's key.
+    pub fn key(&self) -> CacheKey<'_> {
+        CacheKey::new(self.namespace, &self.tokens)
+    }
 }
 
 /// What [`RadixCache::evict`] freed.
@@ -130,7 +162,7 @@ impl RadixCache {
     pub fn new(page_size: usize) -> Self {
         assert!(page_size > 0, "page size must be positive");
         RadixCache {
-            nodes: vec![Node::new(ROOT, Vec::new(), Vec::new(), 0)],
+            nodes: vec![Node::new(ROOT, CacheNamespace::default(), Vec::new(), Vec::new(), 0)],
             free_nodes: Vec::new(),
             page_size,
             clock: 0,
@@ -153,9 +185,9 @@ impl RadixCache {
 
     /// Finds the longest cached page-aligned prefix of `tokens`, splitting an edge where the
     /// match ends inside it, and marks the path as just used.
-    pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
+    pub fn match_prefix<'a>(&mut self, key: impl Into<CacheKey<'a>>) -> PrefixMatch {
         self.clock += 1;
-        let (node, matched, pages) = self.walk(tokens);
+        let (node, matched, pages) = self.walk(key.into());
         self.touch(node);
         let snapshot = self.deepest_snapshot(node, matched);
         if let Some(hit) = snapshot {
@@ -165,20 +197,23 @@ impl RadixCache {
         PrefixMatch { node, tokens: matched, pages, snapshot }
     }
 
-    /// Inserts `tokens` (cut to whole pages) whose K/V are in `pages`, and returns how much was
-    /// already present. `pages` must cover the whole pages of `tokens`.
-    pub fn insert(&mut self, tokens: &[u32], pages: &[u32]) -> Inserted {
+    /// Inserts `key` (cut to whole pages) whose K/V are in `pages`, and returns how much was
+    /// already present. `pages` must cover the whole pages of `key`.
+    pub fn insert<'a>(&mut self, key: impl Into<CacheKey<'a>>, pages: &[u32]) -> Inserted {
         let p = self.page_size;
-        let whole = tokens.len() / p;
+        let key = key.into();
+        let whole = key.len() / p;
         assert!(pages.len() >= whole, "{} pages cannot hold {} tokens", pages.len(), whole * p);
-        let tokens = &tokens[..whole * p];
+        let key = key.prefix(whole * p);
+        let tokens = key.tokens;
         self.clock += 1;
-        let (node, matched, tree_pages) = self.walk(tokens);
+        let (node, matched, tree_pages) = self.walk(key);
         let duplicate_pages =
             pages[..matched / p].iter().zip(&tree_pages).filter(|(ours, tree)| ours != tree).map(|(o, _)| *o).collect();
         let end = if matched < tokens.len() {
             let leaf = self.alloc_node(Node::new(
                 node,
+                key.namespace,
                 tokens[matched..].to_vec(),
                 pages[matched / p..whole].to_vec(),
                 self.clock,
@@ -186,7 +221,8 @@ impl RadixCache {
             self.cached_pages += whole - matched / p;
             // A new leaf is unlocked: its pages can be evicted until someone locks it.
             self.evictable_pages += whole - matched / p;
-            self.nodes[node].children.insert(tokens[matched..matched + p].to_vec(), leaf);
+            let child_key = key.namespace.child_key(node == ROOT, &tokens[matched..matched + p]);
+            self.nodes[node].children.insert(child_key, leaf);
             leaf
         } else {
             node
@@ -251,7 +287,7 @@ impl RadixCache {
         while freed.len() < needed {
             let Some((_, id)) = heap.pop() else { break };
             let parent = self.nodes[id].parent;
-            let key = self.nodes[id].tokens[..self.page_size].to_vec();
+            let key = self.child_key_of(id);
             self.nodes[parent].children.remove(&key);
             let node = &mut self.nodes[id];
             node.alive = false;
@@ -274,10 +310,15 @@ impl RadixCache {
         Evicted { pages: freed, snapshots }
     }
 
-    /// Every snapshot with the tokens of its node's prefix (for `/v1/cache` and tests).
-    pub fn snapshot_prefixes(&self) -> Vec<(Vec<u32>, u32)> {
+    /// Every snapshot with its node's prefix (for `/v1/cache`, the disk tier and tests).
+    pub fn snapshot_prefixes(&self) -> Vec<SnapshotPrefix> {
         let with = self.nodes.iter().enumerate().filter(|(_, n)| n.alive && n.snapshot.is_some());
-        with.map(|(id, n)| (self.path_tokens(id), n.snapshot.expect("filtered").slot)).collect()
+        with.map(|(id, n)| SnapshotPrefix {
+            namespace: n.namespace,
+            tokens: self.path_tokens(id),
+            slot: n.snapshot.expect("filtered").slot,
+        })
+        .collect()
     }
 
     /// Every page the tree holds.
@@ -311,15 +352,23 @@ impl RadixCache {
         parts.into_iter().rev().flatten().copied().collect()
     }
 
-    /// Walks as deep as `tokens` matches in whole pages, splitting the last edge if the match
+    /// The key `id` is filed under in its parent's children.
+    fn child_key_of(&self, id: NodeId) -> Vec<u32> {
+        let node = &self.nodes[id];
+        node.namespace.child_key(node.parent == ROOT, &node.tokens[..self.page_size])
+    }
+
+    /// Walks as deep as `key` matches in whole pages, splitting the last edge if the match
     /// ends inside it. Returns the end node, matched tokens and their pages.
-    fn walk(&mut self, tokens: &[u32]) -> (NodeId, usize, Vec<u32>) {
+    fn walk(&mut self, key: CacheKey<'_>) -> (NodeId, usize, Vec<u32>) {
         let p = self.page_size;
+        let tokens = key.tokens;
         let mut node = ROOT;
         let mut matched = 0;
         let mut pages = Vec::new();
         while tokens.len() - matched >= p {
-            let Some(&child) = self.nodes[node].children.get(&tokens[matched..matched + p]) else { break };
+            let child_key = key.namespace.child_key(node == ROOT, &tokens[matched..matched + p]);
+            let Some(&child) = self.nodes[node].children.get(&child_key) else { break };
             let edge = &self.nodes[child].tokens;
             let mut k = 1;
             while (k + 1) * p <= edge.len()
@@ -351,10 +400,11 @@ impl RadixCache {
         let upper_tokens = self.nodes[child].tokens[..at].to_vec();
         let upper_pages = self.nodes[child].pages[..at / p].to_vec();
         // The snapshot stays below: it is the state after the original edge's last token.
-        let mut upper = Node::new(parent, upper_tokens, upper_pages, self.nodes[child].last_use);
+        let namespace = self.nodes[child].namespace;
+        let mut upper = Node::new(parent, namespace, upper_tokens, upper_pages, self.nodes[child].last_use);
         upper.lock = self.nodes[child].lock;
         let lower_key = self.nodes[child].tokens[at..at + p].to_vec();
-        let upper_key = self.nodes[child].tokens[..p].to_vec();
+        let upper_key = self.child_key_of(child);
         let upper_id = self.alloc_node(upper);
         self.nodes[upper_id].children.insert(lower_key, child);
         let lower = &mut self.nodes[child];
@@ -410,8 +460,11 @@ impl RadixCache {
                     return Err(format!("node {id}: {} tokens with {} pages", node.tokens.len(), node.pages.len()));
                 }
                 let parent = &self.nodes[node.parent];
-                if !parent.alive || parent.children.get(&node.tokens[..p]) != Some(&id) {
+                if !parent.alive || parent.children.get(&self.child_key_of(id)) != Some(&id) {
                     return Err(format!("node {id} is not its parent's child under its first page"));
+                }
+                if node.parent != ROOT && parent.namespace != node.namespace {
+                    return Err(format!("node {id} is in another namespace than its parent"));
                 }
             }
             let child_locks: u32 = node.children.values().map(|&c| self.nodes[c].lock).sum();
@@ -419,7 +472,7 @@ impl RadixCache {
                 return Err(format!("node {id} lock {} below its children's {child_locks}", node.lock));
             }
             for (key, &c) in &node.children {
-                if !self.nodes[c].alive || self.nodes[c].parent != id || &self.nodes[c].tokens[..p] != key.as_slice() {
+                if !self.nodes[c].alive || self.nodes[c].parent != id || &self.child_key_of(c) != key {
                     return Err(format!("node {id} child {c} is dead, reparented or keyed wrongly"));
                 }
             }

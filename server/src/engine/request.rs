@@ -1,5 +1,6 @@
 //! What the HTTP side hands the engine, and what the engine sends back per request.
 
+use super::cache_key::CacheNamespace;
 use super::cache_report::CacheReport;
 use super::constraint::Constraint;
 use super::sampler::SamplingParams;
@@ -40,36 +41,6 @@ pub struct GenerateRequest {
     /// history, the generation prompt. Their snapshots are given up after every redundant one
     /// (`radix/snapshots.rs`).
     pub expected_points: Vec<usize>,
-}
-
-/// A part of the prefix cache: requests of one namespace share cached prefixes, requests of
-/// different namespaces never do. [`CacheNamespace::default`] is every request without a
-/// `cache_salt`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct CacheNamespace(Option<u64>);
-
-impl CacheNamespace {
-    /// The namespace of a request's `cache_salt`.
-    pub fn new(salt: Option<&str>) -> Self {
-        use std::hash::{Hash, Hasher};
-        CacheNamespace(salt.map(|salt| {
-            let mut hasher = std::hash::DefaultHasher::new();
-            salt.hash(&mut hasher);
-            hasher.finish()
-        }))
-    }
-
-    /// The key the radix tree files `tokens` under: the tokens themselves in the shared
-    /// namespace; otherwise with the first two replaced by the namespace's hash, as ids past
-    /// every vocabulary (high bit set), so no path of one namespace starts like another's.
-    pub(crate) fn key<'a>(&self, tokens: &'a [u32]) -> std::borrow::Cow<'a, [u32]> {
-        let Some(hash) = self.0 else { return std::borrow::Cow::Borrowed(tokens) };
-        let mut key = tokens.to_vec();
-        for (slot, half) in key.iter_mut().zip([hash as u32, (hash >> 32) as u32]) {
-            *slot = half | 0x8000_0000;
-        }
-        std::borrow::Cow::Owned(key)
-    }
 }
 
 /// A client identity for the cache report: a hash of the API key in use and of the request's
@@ -187,7 +158,7 @@ impl TokenLogprobs {
 
 #[cfg(test)]
 mod tests {
-    use super::{CacheNamespace, TokenLogprobs};
+    use super::TokenLogprobs;
 
     #[test]
     fn logprobs_are_a_log_softmax_with_the_best_first() {
@@ -200,18 +171,5 @@ mod tests {
         let probs: f32 = (0..4).map(|t| TokenLogprobs::from_logits(&logits, t, 0).logprob.exp()).sum();
         assert!((probs - 1.0).abs() < 1e-5);
         assert!(TokenLogprobs::from_logits(&logits, 0, 10).top.len() == 4);
-    }
-
-    #[test]
-    fn namespaces_key_the_same_tokens_apart() {
-        let tokens = [5, 6, 7, 8];
-        let shared = CacheNamespace::default();
-        let (a, b) = (CacheNamespace::new(Some("a")), CacheNamespace::new(Some("b")));
-        assert_eq!(&*shared.key(&tokens), &tokens, "the shared namespace keys tokens as they are");
-        assert_eq!(a.key(&tokens), CacheNamespace::new(Some("a")).key(&tokens), "a salt keys alike each time");
-        assert_ne!(a.key(&tokens)[..2], b.key(&tokens)[..2]);
-        assert!(a.key(&tokens)[..2].iter().all(|&t| t >= 0x8000_0000), "past every vocabulary");
-        assert_eq!(a.key(&tokens)[2..], tokens[2..], "only the start is changed");
-        assert_eq!(a.key(&[9]).len(), 1);
     }
 }

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::cache_key::CacheKey;
 use super::radix::NodeId;
 use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings};
 use super::sampler::Sampler;
@@ -63,9 +64,9 @@ pub(crate) enum Ending {
 }
 
 impl Sequence {
-    /// The radix tree's key for the first `len` tokens (see [`super::CacheNamespace::key`]).
-    pub(crate) fn cache_key(&self, len: usize) -> std::borrow::Cow<'_, [u32]> {
-        self.request.cache_namespace.key(&self.tokens[..len])
+    /// The prefix cache's key for the first `len` tokens.
+    pub(crate) fn cache_key(&self, len: usize) -> CacheKey<'_> {
+        CacheKey::new(self.request.cache_namespace, &self.tokens[..len])
     }
 
     /// A request just arrived, waiting for admission; `text` decodes its output.

@@ -4,6 +4,7 @@
 //! ```text
 //! magic "RXKVPAGE" | version u32 | header_len u32
 //! identity [u8; 16] | page_size u32 | page_bytes u32 | start u32 | pages u32 | key_len u32
+//! namespace u64 (the prefix's cache namespace, 0 for requests without a `cache_salt`)
 //! key: key_len x u32 (the tokens from the root to the end of the last page)
 //! page checksums: pages x u32 (CRC-32 of each page's bytes)
 //! header checksum u32 (CRC-32 of every header byte before it)
@@ -18,12 +19,14 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 
+use crate::engine::cache_key::{CacheKey, CacheNamespace};
+
 /// The first bytes of every page file.
 pub(crate) const MAGIC: [u8; 8] = *b"RXKVPAGE";
 /// The format's version; a file of another version is refused.
-pub(crate) const VERSION: u32 = 1;
-/// Bytes before the variable part of the header (magic through key_len).
-const FIXED: usize = 8 + 4 + 4 + 16 + 5 * 4;
+pub(crate) const VERSION: u32 = 2;
+/// Bytes before the variable part of the header (magic through namespace).
+const FIXED: usize = 8 + 4 + 4 + 16 + 5 * 4 + 8;
 /// A header longer than this is refused unread (a damaged length field).
 const MAX_HEADER: usize = 64 << 20;
 
@@ -83,6 +86,8 @@ pub(crate) struct Layout {
 pub(crate) struct Header {
     /// Tokens before the file's first page.
     pub start: usize,
+    /// The prefix's namespace.
+    pub namespace: CacheNamespace,
     /// The tokens from the root to the end of the file's last page.
     pub key: Vec<u32>,
     /// CRC-32 of each page.
@@ -90,6 +95,11 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// The prefix the file's pages end, as the cache keys it.
+    pub fn cache_key(&self) -> CacheKey<'_> {
+        CacheKey::new(self.namespace, &self.key)
+    }
+
     /// Pages in the file.
     pub fn pages(&self) -> usize {
         self.checksums.len()
@@ -112,12 +122,13 @@ pub(crate) fn file_len(layout: &Layout, key_len: usize, pages: usize) -> u64 {
 }
 
 /// A whole page file: the header for `key` (whose pages from `start` on are `data`) and the data.
-pub(crate) fn encode(layout: &Layout, start: usize, key: &[u32], data: &[u8]) -> Vec<u8> {
+pub(crate) fn encode(layout: &Layout, start: usize, cache_key: CacheKey<'_>, data: &[u8]) -> Vec<u8> {
+    let key = cache_key.tokens;
     let pages = data.len() / layout.page_bytes;
     debug_assert_eq!(pages * layout.page_bytes, data.len(), "whole pages");
     debug_assert_eq!(start + pages * layout.page_size, key.len(), "the key ends with the last page");
     let checksums: Vec<u32> = data.chunks_exact(layout.page_bytes).map(crc32fast::hash).collect();
-    let header = Header { start, key: key.to_vec(), checksums };
+    let header = Header { start, namespace: cache_key.namespace, key: key.to_vec(), checksums };
     let mut out = Vec::with_capacity(header.len_bytes() + data.len());
     out.extend_from_slice(&MAGIC);
     for value in [VERSION, header.len_bytes() as u32] {
@@ -127,6 +138,7 @@ pub(crate) fn encode(layout: &Layout, start: usize, key: &[u32], data: &[u8]) ->
     for value in [layout.page_size, layout.page_bytes, start, pages, key.len()] {
         out.extend_from_slice(&(value as u32).to_le_bytes());
     }
+    out.extend_from_slice(&header.namespace.to_bits().to_le_bytes());
     key.iter().chain(&header.checksums).for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -173,7 +185,8 @@ fn decode_header(bytes: &[u8], layout: &Layout, file_len: u64) -> Result<Header,
         return Err(FormatError::Inconsistent("pages against the key"));
     }
     let words = |from: usize, n: usize| (0..n).map(|i| u32_at(bytes, from + 4 * i)).collect::<Vec<u32>>();
-    let header = Header { start, key: words(FIXED, key_len), checksums: words(FIXED + 4 * key_len, pages) };
+    let namespace = CacheNamespace::from_bits(u64::from_le_bytes(bytes[52..60].try_into().expect("8 bytes")));
+    let header = Header { start, namespace, key: words(FIXED, key_len), checksums: words(FIXED + 4 * key_len, pages) };
     let expected = header.file_bytes(layout);
     if expected != file_len {
         return Err(FormatError::Length { expected, actual: file_len });
@@ -258,7 +271,7 @@ mod tests {
     fn file(pages: usize, seed: u8) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
         let key: Vec<u32> = (0..(3 + pages) as u32 * 2).map(|t| t * 3 + seed as u32).collect();
         let data: Vec<u8> = (0..pages * 12).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
-        let bytes = encode(&LAYOUT, 6, &key, &data);
+        let bytes = encode(&LAYOUT, 6, CacheKey::from(&key), &data);
         (key, data, bytes)
     }
 
@@ -294,7 +307,7 @@ mod tests {
             assert_eq!(read_all(&bytes, &layout).unwrap_err(), FormatError::OtherModel);
         }
         let mut other_version = bytes.clone();
-        other_version[8] = 2;
+        other_version[8] = 1;
         assert_eq!(read_all(&other_version, &LAYOUT).unwrap_err(), FormatError::NotAPageFile);
         assert_eq!(read_all(b"", &LAYOUT).unwrap_err(), FormatError::NotAPageFile);
     }

@@ -14,6 +14,7 @@ use super::index::{FileId, ROOT};
 use super::snapshots::prefix_hashes;
 use super::writer::Job;
 use super::{DiskTier, OpenReport, TOUCH_EVERY, state_file_name};
+use crate::engine::cache_key::CacheKey;
 
 impl DiskTier {
     /// Whether this tier keeps recurrent-state snapshots (opened with
@@ -43,9 +44,10 @@ impl DiskTier {
                 source.snapshot_key(&layout)
             });
             match key {
-                Ok(key) if !key.is_empty() => {
-                    let hash = prefix_hashes(&key)[key.len()];
-                    self.snapshots.insert(id, key.len(), hash, layout.file_len(key.len()), Default::default());
+                Ok(key) if !key.tokens.is_empty() => {
+                    let depth = key.tokens.len();
+                    let hash = prefix_hashes(key.as_key())[depth];
+                    self.snapshots.insert(id, depth, hash, layout.file_len(depth), Default::default());
                 }
                 Ok(_) | Err(_) => {
                     let why = key.err().map_or("it holds no prefix".to_owned(), |e| e.to_string());
@@ -75,8 +77,9 @@ impl DiskTier {
     /// has it already. Snapshots keep to half the budget, least recently used going first, and
     /// the whole budget holds, page files giving way as they do to each other. A snapshot not
     /// on a page boundary is not written: a restore reads whole pages.
-    pub(crate) fn persist_snapshot(&mut self, key: &[u32], state: &StatePool, slot: u32) {
+    pub(crate) fn persist_snapshot<'a>(&mut self, key: impl Into<CacheKey<'a>>, state: &StatePool, slot: u32) {
         let Some(layout) = self.state_layout else { return };
+        let key = key.into();
         let depth = key.len();
         if depth == 0 || !depth.is_multiple_of(self.layout.page_size) {
             return;
@@ -118,9 +121,9 @@ impl DiskTier {
     /// returns how many tokens were restored (0: the memory match stands, `slot` untouched).
     /// A snapshot file that fails a check is removed, with a warning, and the next shallower
     /// one is tried.
-    pub(crate) fn restore_resumable(
+    pub(crate) fn restore_resumable<'a>(
         &mut self,
-        key: &[u32],
+        key: impl Into<CacheKey<'a>>,
         from: usize,
         pages: &[u32],
         pool: &mut KvPool,
@@ -128,13 +131,14 @@ impl DiskTier {
         slot: u32,
     ) -> usize {
         let Some(layout) = self.state_layout else { return 0 };
+        let key = key.into();
         let on_disk = self.index.lookup(key).tokens;
         let hashes = prefix_hashes(key);
         for (id, depth) in self.snapshots.candidates(&hashes, from, on_disk) {
             if !depth.is_multiple_of(self.layout.page_size) {
                 continue;
             }
-            let values = match self.read_snapshot(id, &key[..depth], &layout) {
+            let values = match self.read_snapshot(id, key.prefix(depth), &layout) {
                 Ok(values) => values,
                 Err(e) => {
                     let name = self.dir.join(state_file_name(id));
@@ -149,7 +153,7 @@ impl DiskTier {
                 }
             };
             // Pages short of the snapshot (one was damaged): it cannot be resumed from.
-            if from + self.restore(&key[..depth], from, pages, pool) != depth {
+            if from + self.restore(key.prefix(depth), from, pages, pool) != depth {
                 return 0;
             }
             if let Err(e) = state.write_slot(slot, &values) {
@@ -173,7 +177,7 @@ impl DiskTier {
     fn read_snapshot(
         &mut self,
         id: FileId,
-        key: &[u32],
+        key: CacheKey<'_>,
         layout: &super::snapshots::StateLayout,
     ) -> Result<Vec<f32>, FormatError> {
         let entry = self.snapshots.get_mut(id).ok_or(FormatError::Inconsistent("a file the index lost"))?;
@@ -183,7 +187,7 @@ impl DiskTier {
             None => Source::File(std::fs::File::open(self.dir.join(state_file_name(id)))?),
         };
         let (held, values) = source.snapshot(layout)?;
-        if held != key {
+        if held.as_key() != key {
             return Err(FormatError::OtherPrefix);
         }
         if pending.is_none() {

@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 
+use crate::engine::cache_key::{CacheKey, CacheNamespace};
+
 /// A page file's number (its name on disk).
 pub(crate) type FileId = u64;
 
@@ -29,6 +31,8 @@ pub(crate) const ROOT: NodeId = 0;
 #[derive(Debug, Clone)]
 struct Node {
     parent: NodeId,
+    /// The namespace of every prefix through this node (the root's is unused).
+    namespace: CacheNamespace,
     tokens: Vec<u32>,
     refs: Vec<PageRef>,
     children: HashMap<Vec<u32>, NodeId>,
@@ -37,8 +41,8 @@ struct Node {
 }
 
 impl Node {
-    fn new(parent: NodeId, tokens: Vec<u32>, refs: Vec<PageRef>, last_use: u64) -> Self {
-        Node { parent, tokens, refs, children: HashMap::new(), last_use, alive: true }
+    fn new(parent: NodeId, namespace: CacheNamespace, tokens: Vec<u32>, refs: Vec<PageRef>, last_use: u64) -> Self {
+        Node { parent, namespace, tokens, refs, children: HashMap::new(), last_use, alive: true }
     }
 }
 
@@ -68,7 +72,7 @@ impl DiskIndex {
     pub fn new(page_size: usize) -> Self {
         assert!(page_size > 0, "page size must be positive");
         DiskIndex {
-            nodes: vec![Node::new(ROOT, Vec::new(), Vec::new(), 0)],
+            nodes: vec![Node::new(ROOT, CacheNamespace::default(), Vec::new(), Vec::new(), 0)],
             free_nodes: Vec::new(),
             page_size,
             clock: 0,
@@ -82,9 +86,9 @@ impl DiskIndex {
     }
 
     /// The longest whole-page prefix of `key` the index holds, marked as just used.
-    pub fn lookup(&mut self, key: &[u32]) -> Lookup {
+    pub fn lookup<'a>(&mut self, key: impl Into<CacheKey<'a>>) -> Lookup {
         self.clock += 1;
-        let (node, tokens, refs, _) = self.walk(key);
+        let (node, tokens, refs, _) = self.walk(key.into());
         let mut n = node;
         while n != ROOT {
             self.nodes[n].last_use = self.clock;
@@ -95,11 +99,13 @@ impl DiskIndex {
 
     /// Follows `key` down in whole pages: the deepest node reached, the tokens matched, their
     /// pages, and how many pages of that node's edge matched.
-    fn walk(&self, key: &[u32]) -> (NodeId, usize, Vec<PageRef>, usize) {
+    fn walk(&self, key: CacheKey<'_>) -> (NodeId, usize, Vec<PageRef>, usize) {
         let p = self.page_size;
+        let (namespace, key) = (key.namespace, key.tokens);
         let (mut node, mut matched, mut refs) = (ROOT, 0, Vec::new());
         while key.len() - matched >= p {
-            let Some(&child) = self.nodes[node].children.get(&key[matched..matched + p]) else { break };
+            let child_key = namespace.child_key(node == ROOT, &key[matched..matched + p]);
+            let Some(&child) = self.nodes[node].children.get(&child_key) else { break };
             let edge = &self.nodes[child].tokens;
             let mut k = 1;
             while (k + 1) * p <= edge.len()
@@ -121,8 +127,8 @@ impl DiskIndex {
 
     /// The node ending exactly `at` tokens down `key` (which the index holds that far),
     /// splitting an edge if `at` falls inside one.
-    fn node_at(&mut self, key: &[u32], at: usize) -> NodeId {
-        let (node, matched, _, k) = self.walk(&key[..at]);
+    fn node_at(&mut self, key: CacheKey<'_>, at: usize) -> NodeId {
+        let (node, matched, _, k) = self.walk(key.prefix(at));
         debug_assert_eq!(matched, at, "the index holds the key that far");
         if k < self.nodes[node].refs.len() { self.split(node, k) } else { node }
     }
@@ -130,16 +136,17 @@ impl DiskIndex {
     /// Adds the pages `refs` as the continuation of `key` after its first `start` tokens, which
     /// the index must hold and no further ([`lookup`](Self::lookup) of `key` gives `start`).
     /// Returns the new leaf.
-    pub fn extend(&mut self, key: &[u32], start: usize, refs: Vec<PageRef>) -> NodeId {
+    pub fn extend<'a>(&mut self, key: impl Into<CacheKey<'a>>, start: usize, refs: Vec<PageRef>) -> NodeId {
         let p = self.page_size;
+        let key = key.into();
         let end = start + refs.len() * p;
         assert!(!refs.is_empty() && start.is_multiple_of(p) && end <= key.len(), "whole pages of the key");
         let parent = self.node_at(key, start);
-        let first = key[start..start + p].to_vec();
+        let first = key.namespace.child_key(parent == ROOT, &key.tokens[start..start + p]);
         assert!(!self.nodes[parent].children.contains_key(&first), "the index already holds more of the key");
         self.clock += 1;
         self.pages += refs.len();
-        let leaf = self.alloc(Node::new(parent, key[start..end].to_vec(), refs, self.clock));
+        let leaf = self.alloc(Node::new(parent, key.namespace, key.tokens[start..end].to_vec(), refs, self.clock));
         self.nodes[parent].children.insert(first, leaf);
         self.debug_check();
         leaf
@@ -158,14 +165,15 @@ impl DiskIndex {
 
     /// Removes every page of `key`'s path from `at` tokens on (a whole number of pages the
     /// index holds), with everything below them, and returns their pages.
-    pub fn remove_from(&mut self, key: &[u32], at: usize) -> Vec<PageRef> {
+    pub fn remove_from<'a>(&mut self, key: impl Into<CacheKey<'a>>, at: usize) -> Vec<PageRef> {
         let p = self.page_size;
+        let key = key.into();
         let (_, matched, _, _) = self.walk(key);
         if at >= matched || !at.is_multiple_of(p) {
             return Vec::new();
         }
         let parent = self.node_at(key, at);
-        let child = self.nodes[parent].children[&key[at..at + p]];
+        let child = self.nodes[parent].children[&key.namespace.child_key(parent == ROOT, &key.tokens[at..at + p])];
         let refs = self.remove_subtree(child);
         self.debug_check();
         refs
@@ -178,7 +186,7 @@ impl DiskIndex {
 
     fn remove_subtree(&mut self, top: NodeId) -> Vec<PageRef> {
         let parent = self.nodes[top].parent;
-        let first = self.nodes[top].tokens[..self.page_size].to_vec();
+        let first = self.child_key_of(top);
         self.nodes[parent].children.remove(&first);
         let (mut stack, mut refs) = (vec![top], Vec::new());
         while let Some(id) = stack.pop() {
@@ -199,14 +207,20 @@ impl DiskIndex {
         let node = &mut self.nodes[child];
         let upper_tokens: Vec<u32> = node.tokens.drain(..at).collect();
         let upper_refs: Vec<PageRef> = node.refs.drain(..pages).collect();
-        let (parent, last_use) = (node.parent, node.last_use);
+        let (parent, namespace, last_use) = (node.parent, node.namespace, node.last_use);
         let lower_key = node.tokens[..self.page_size].to_vec();
-        let upper_key = upper_tokens[..self.page_size].to_vec();
-        let upper = self.alloc(Node::new(parent, upper_tokens, upper_refs, last_use));
+        let upper_key = namespace.child_key(parent == ROOT, &upper_tokens[..self.page_size]);
+        let upper = self.alloc(Node::new(parent, namespace, upper_tokens, upper_refs, last_use));
         self.nodes[upper].children.insert(lower_key, child);
         self.nodes[child].parent = upper;
         self.nodes[parent].children.insert(upper_key, upper);
         upper
+    }
+
+    /// The key `id` is filed under in its parent's children.
+    fn child_key_of(&self, id: NodeId) -> Vec<u32> {
+        let node = &self.nodes[id];
+        node.namespace.child_key(node.parent == ROOT, &node.tokens[..self.page_size])
     }
 
     fn alloc(&mut self, node: Node) -> NodeId {
@@ -242,13 +256,16 @@ impl DiskIndex {
                     return Err(format!("node {id}: {} tokens with {} pages", node.tokens.len(), node.refs.len()));
                 }
                 let parent = &self.nodes[node.parent];
-                if !parent.alive || parent.children.get(&node.tokens[..p]) != Some(&id) {
+                if !parent.alive || parent.children.get(&self.child_key_of(id)) != Some(&id) {
                     return Err(format!("node {id} is not its parent's child under its first page"));
+                }
+                if node.parent != ROOT && parent.namespace != node.namespace {
+                    return Err(format!("node {id} is in another namespace than its parent"));
                 }
             }
             for (key, &c) in &node.children {
                 let child = &self.nodes[c];
-                if !child.alive || child.parent != id || child.tokens[..p] != key[..] {
+                if !child.alive || child.parent != id || self.child_key_of(c) != *key {
                     return Err(format!("node {id} child {c} is dead, reparented or keyed wrongly"));
                 }
             }

@@ -42,6 +42,7 @@ use self::format::{FormatError, Header, Layout, Source};
 use self::index::{DiskIndex, FileId, NodeId, PageRef};
 use self::snapshots::{SnapshotIndex, StateLayout};
 use self::writer::{Job, Writer};
+use super::cache_key::CacheKey;
 use super::metrics::DiskMetrics;
 pub use identity::ModelIdentity;
 
@@ -263,7 +264,7 @@ impl DiskTier {
         found.sort_by_key(|(id, header, modified, _)| (header.start, *modified, *id));
         let mut kept = Vec::new();
         for (id, header, modified, bytes) in found {
-            let have = self.index.lookup(&header.key).tokens;
+            let have = self.index.lookup(header.cache_key()).tokens;
             if have >= header.key.len() || have < header.start {
                 std::fs::remove_file(self.dir.join(file_name(id)))?;
                 report.unusable += 1;
@@ -273,16 +274,16 @@ impl DiskTier {
             let skip = (have - header.start) / p;
             let refs = (skip..header.pages()).map(|i| PageRef { file: id, index: i as u32 }).collect::<Vec<_>>();
             let live = refs.len() as u32;
-            self.index.extend(&header.key, have, refs);
+            self.index.extend(header.cache_key(), have, refs);
             let entry = FileEntry { live, bytes, pending: Weak::new(), touched: Instant::now() };
             self.files.insert(id, entry);
             self.bytes += bytes;
-            kept.push((modified, header.key));
+            kept.push((modified, header.cache_key().to_buf()));
         }
         // Least recently used first: the order of their last use before the restart.
         kept.sort_by_key(|(modified, _)| *modified);
         for (_, key) in &kept {
-            self.index.lookup(key);
+            self.index.lookup(key.as_key());
         }
         self.load_snapshots(states, &mut report)?;
         self.make_room(0, 0);
@@ -299,9 +300,10 @@ impl DiskTier {
 
     /// Writes the pages of `key` (`pages` hold its K/V, whole pages) that the disk lacks, as
     /// far as the budget allows after evicting less recently used prefixes.
-    pub(crate) fn persist(&mut self, key: &[u32], pages: &[u32], pool: &KvPool) {
+    pub(crate) fn persist<'a>(&mut self, key: impl Into<CacheKey<'a>>, pages: &[u32], pool: &KvPool) {
         let p = self.layout.page_size;
-        let key = &key[..(key.len() / p).min(pages.len()) * p];
+        let key = key.into();
+        let key = key.prefix((key.len() / p).min(pages.len()) * p);
         let found = self.index.lookup(key);
         self.touch(&found.refs);
         let (mut start, mut keep) = (found.tokens, found.node);
@@ -326,7 +328,7 @@ impl DiskTier {
                 path.truncate(first);
                 old = first;
                 start = first * p;
-                keep = self.index.lookup(&key[..start]).node;
+                keep = self.index.lookup(key.prefix(start)).node;
                 continue;
             }
             let mut data = Vec::with_capacity(count * self.layout.page_bytes);
@@ -336,7 +338,7 @@ impl DiskTier {
                     return;
                 }
             }
-            let bytes = Arc::new(format::encode(&self.layout, start, &key[..end], &data));
+            let bytes = Arc::new(format::encode(&self.layout, start, key.prefix(end), &data));
             debug_assert_eq!(bytes.len() as u64, file_bytes);
             let id = self.next_file;
             self.next_file += 1;
@@ -371,8 +373,15 @@ impl DiskTier {
     /// holds into `pages` (the sequence's page table, the pages from `from` on its own) and
     /// returns how many tokens were restored. A file that fails a check ends the restore there
     /// and leaves the index with everything below it, with a warning; its tokens are recomputed.
-    pub(crate) fn restore(&mut self, key: &[u32], from: usize, pages: &[u32], pool: &mut KvPool) -> usize {
+    pub(crate) fn restore<'a>(
+        &mut self,
+        key: impl Into<CacheKey<'a>>,
+        from: usize,
+        pages: &[u32],
+        pool: &mut KvPool,
+    ) -> usize {
         let p = self.layout.page_size;
+        let key = key.into();
         let found = self.index.lookup(key);
         if found.tokens <= from {
             return 0;
@@ -424,7 +433,7 @@ impl DiskTier {
         &mut self,
         file: FileId,
         range: std::ops::Range<usize>,
-        key: &[u32],
+        key: CacheKey<'_>,
         at: usize,
     ) -> Result<Vec<u8>, FormatError> {
         let entry = self.files.get(&file).ok_or(FormatError::Inconsistent("a file the index lost"))?;
@@ -435,7 +444,10 @@ impl DiskTier {
         };
         let header = source.header(&self.layout)?;
         let end = header.start + range.end * self.layout.page_size;
-        let holds_key = end <= header.key.len() && end <= key.len() && header.key[..end] == key[..end];
+        let holds_key = header.namespace == key.namespace
+            && end <= header.key.len()
+            && end <= key.len()
+            && header.key[..end] == key.tokens[..end];
         if header.start + range.start * self.layout.page_size != at || !holds_key {
             return Err(FormatError::OtherPrefix);
         }

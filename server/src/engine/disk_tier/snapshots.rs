@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! magic "RXSTATE1" | version u32 | identity [u8; 16] | state_bytes u32 | key_len u32
+//! namespace u64 (the prefix's cache namespace, 0 for requests without a `cache_salt`)
 //! key: key_len x u32 (the tokens of the prefix whose state this is)
 //! header checksum u32 (CRC-32 of every header byte before it)
 //! state: state_bytes bytes (f32 little-endian, `StatePool::read_slot`'s order)
@@ -20,13 +21,14 @@ use std::time::Instant;
 
 use super::format::{FormatError, Source};
 use super::index::FileId;
+use crate::engine::cache_key::{CacheKey, CacheKeyBuf, CacheNamespace};
 
 /// The first bytes of every snapshot file.
 const MAGIC: [u8; 8] = *b"RXSTATE1";
 /// The format's version; a file of another version is refused.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Bytes before the key.
-const FIXED: usize = 8 + 4 + 16 + 4 + 4;
+const FIXED: usize = 8 + 4 + 16 + 4 + 4 + 8;
 /// A key longer than this is refused unread (a damaged length field).
 const MAX_KEY: usize = 16 << 20;
 
@@ -47,7 +49,8 @@ impl StateLayout {
 }
 
 /// The file of the state after `key`.
-pub(crate) fn encode(layout: &StateLayout, key: &[u32], state: &[f32]) -> Vec<u8> {
+pub(crate) fn encode<'a>(layout: &StateLayout, key: impl Into<CacheKey<'a>>, state: &[f32]) -> Vec<u8> {
+    let key = key.into();
     debug_assert_eq!(state.len() * 4, layout.state_bytes, "a whole state");
     let mut out = Vec::with_capacity(layout.file_len(key.len()) as usize);
     out.extend_from_slice(&MAGIC);
@@ -56,7 +59,8 @@ pub(crate) fn encode(layout: &StateLayout, key: &[u32], state: &[f32]) -> Vec<u8
     for value in [layout.state_bytes, key.len()] {
         out.extend_from_slice(&(value as u32).to_le_bytes());
     }
-    key.iter().for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
+    out.extend_from_slice(&key.namespace.to_bits().to_le_bytes());
+    key.tokens.iter().for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     let start = out.len();
@@ -76,7 +80,7 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 
 /// The key of a snapshot file from its first bytes (at least the header), checked against
 /// `layout` and the file's length.
-fn decode_header(bytes: &[u8], layout: &StateLayout, file_len: u64) -> Result<Vec<u32>, FormatError> {
+fn decode_header(bytes: &[u8], layout: &StateLayout, file_len: u64) -> Result<CacheKeyBuf, FormatError> {
     if bytes.len() < FIXED || bytes[..8] != MAGIC || u32_at(bytes, 8) != VERSION {
         return Err(FormatError::NotAPageFile);
     }
@@ -98,12 +102,13 @@ fn decode_header(bytes: &[u8], layout: &StateLayout, file_len: u64) -> Result<Ve
     if expected != file_len {
         return Err(FormatError::Length { expected, actual: file_len });
     }
-    Ok((0..key_len).map(|i| u32_at(bytes, FIXED + 4 * i)).collect())
+    let namespace = CacheNamespace::from_bits(u64::from_le_bytes(bytes[36..44].try_into().expect("8 bytes")));
+    Ok(CacheKeyBuf { namespace, tokens: (0..key_len).map(|i| u32_at(bytes, FIXED + 4 * i)).collect() })
 }
 
 impl Source<'_> {
     /// Reads and checks a snapshot file's header; the snapshot's prefix.
-    pub fn snapshot_key(&mut self, layout: &StateLayout) -> Result<Vec<u32>, FormatError> {
+    pub fn snapshot_key(&mut self, layout: &StateLayout) -> Result<CacheKeyBuf, FormatError> {
         let file_len = self.len()?;
         let fixed = self.read_at(0, FIXED).map_err(|_| FormatError::NotAPageFile)?;
         let key_len = (u32_at(&fixed, 32) as usize).min(MAX_KEY + 1);
@@ -115,9 +120,9 @@ impl Source<'_> {
     }
 
     /// A whole snapshot file, checked: its prefix and its state.
-    pub fn snapshot(&mut self, layout: &StateLayout) -> Result<(Vec<u32>, Vec<f32>), FormatError> {
+    pub fn snapshot(&mut self, layout: &StateLayout) -> Result<(CacheKeyBuf, Vec<f32>), FormatError> {
         let key = self.snapshot_key(layout)?;
-        let data = self.read_at(FIXED + 4 * key.len() + 4, layout.state_bytes + 4)?;
+        let data = self.read_at(FIXED + 4 * key.tokens.len() + 4, layout.state_bytes + 4)?;
         let (state, crc) = data.split_at(layout.state_bytes);
         if crc32fast::hash(state) != u32_at(crc, 0) {
             return Err(FormatError::PageChecksum(0));
@@ -134,13 +139,14 @@ impl Source<'_> {
     }
 }
 
-/// A hash of every prefix of `key`: `hashes[i]` is that of `key[..i]`. Only narrows the search
-/// (a file's own key is compared before it is used).
-pub(crate) fn prefix_hashes(key: &[u32]) -> Vec<u64> {
+/// A hash of every prefix of `key`: `hashes[i]` is that of `key[..i]` in its namespace. Only
+/// narrows the search (a file's own key is compared before it is used).
+pub(crate) fn prefix_hashes<'a>(key: impl Into<CacheKey<'a>>) -> Vec<u64> {
+    let key = key.into();
     let mut hashes = Vec::with_capacity(key.len() + 1);
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ key.namespace.to_bits();
     hashes.push(h);
-    for &t in key {
+    for &t in key.tokens {
         h = (h ^ u64::from(t)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
         hashes.push(h);
     }
@@ -294,10 +300,11 @@ mod tests {
     fn a_file_reads_back_its_prefix_and_state_from_memory_and_from_disk() {
         let (key, state, bytes) = file(9, 2);
         assert_eq!(bytes.len() as u64, LAYOUT.file_len(9));
-        assert_eq!(Source::Memory(&bytes).snapshot(&LAYOUT).unwrap(), (key.clone(), state.clone()));
+        let held = CacheKeyBuf { namespace: CacheNamespace::default(), tokens: key.clone() };
+        assert_eq!(Source::Memory(&bytes).snapshot(&LAYOUT).unwrap(), (held.clone(), state.clone()));
         let path = std::env::temp_dir().join(format!("radix-state-format-{}.state", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(Source::File(File::open(&path).unwrap()).snapshot_key(&LAYOUT).unwrap(), key);
+        assert_eq!(Source::File(File::open(&path).unwrap()).snapshot_key(&LAYOUT).unwrap(), held);
         assert_eq!(Source::File(File::open(&path).unwrap()).snapshot(&LAYOUT).unwrap().1, state);
         std::fs::remove_file(&path).unwrap();
         let other = StateLayout { identity: [4; 16], ..LAYOUT };

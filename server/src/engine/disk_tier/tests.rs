@@ -340,3 +340,33 @@ fn another_build_removes_its_predecessors_and_older_formats_directories_and_no_o
     let (_, report) = write(&new_build);
     assert_eq!(report.other_builds_removed, 0);
 }
+
+/// Page files keep their namespace: the same tokens under another salt, or none, restore
+/// nothing, before a reopen and after; two prompts of one salt that differ only in their first
+/// tokens share nothing either.
+#[test]
+fn a_salted_prefix_is_restored_only_in_its_own_namespace() {
+    use crate::engine::cache_key::{CacheKey, CacheNamespace};
+    let dir = TempDir::new("namespaces");
+    let source = pool(1, 1.0);
+    let tokens: Vec<u32> = (0..8).collect();
+    let (a, b) = (CacheNamespace::new(Some("a")), CacheNamespace::new(Some("b")));
+    let pages: Vec<u32> = (0..8).collect();
+    let own: Vec<u32> = (40..48).collect();
+    for reopen in [false, true] {
+        let (mut tier, _) = open(&dir, "salted", 1 << 30, &source);
+        if !reopen {
+            tier.persist(CacheKey::new(a, &tokens), &pages, &source);
+            tier.flush();
+        }
+        let mut target = pool(1, 0.5);
+        assert_eq!(tier.restore(CacheKey::new(b, &tokens), 0, &own, &mut target), 0, "reopened: {reopen}");
+        assert_eq!(tier.restore(&tokens, 0, &own, &mut target), 0, "the shared namespace, reopened: {reopen}");
+        let mut other_start = tokens.clone();
+        other_start[0] = 99;
+        assert_eq!(tier.restore(CacheKey::new(a, &other_start), 0, &own, &mut target), 0, "reopened: {reopen}");
+        assert_eq!(tier.restore(CacheKey::new(a, &tokens), 0, &own, &mut target), 8, "reopened: {reopen}");
+        assert_eq!(page_bytes(&target, 47), page_bytes(&source, 7));
+        tier.check_invariants().unwrap();
+    }
+}

@@ -219,7 +219,7 @@ proptest! {
             prop_assert_eq!(tree.evictable_pages(), tree.clone().evict(usize::MAX).pages.len());
             check_pages(&tree, &alloc);
             // Every snapshot sits at the end of the prefix it was taken after.
-            let held: HashMap<u32, Vec<u32>> = tree.snapshot_prefixes().into_iter().map(|(t, s)| (s, t)).collect();
+            let held: HashMap<u32, Vec<u32>> = tree.snapshot_prefixes().into_iter().map(|s| (s.slot, s.tokens)).collect();
             prop_assert_eq!(&held, &states);
             prop_assert_eq!(free_slots.len() + states.len(), 8, "a snapshot slot was lost");
         }
@@ -232,5 +232,45 @@ proptest! {
         prop_assert_eq!(flushed.snapshots.len(), states.len(), "a flush frees every snapshot");
         prop_assert_eq!(tree.cached_pages(), 0);
         prop_assert_eq!(alloc.free_pages(), alloc.num_pages(), "every page is free after a flush");
+    }
+}
+
+proptest! {
+    /// Prefixes of several namespaces in one tree: a match finds exactly the longest prefix
+    /// cached in its own namespace (every token counts, the first ones too), never another
+    /// namespace's, with the tree sound after every insert and eviction.
+    #[test]
+    fn namespaces_share_no_prefix(
+        page_size in 1usize..4,
+        ops in prop::collection::vec((0u8..3, 0usize..3, tokens()), 1..60),
+    ) {
+        use crate::engine::cache_key::{CacheKey, CacheNamespace};
+        let namespaces = [CacheNamespace::default(), CacheNamespace::new(Some("a")), CacheNamespace::new(Some("b"))];
+        let mut tree = RadixCache::new(page_size);
+        let mut alloc = PageAllocator::new(10_000);
+        let mut cached: Vec<HashSet<Vec<u32>>> = vec![HashSet::new(); namespaces.len()];
+        for (op, ns, tokens) in ops {
+            let key = CacheKey::new(namespaces[ns], &tokens);
+            match op {
+                0 => {
+                    let whole = aligned(tokens.len(), page_size);
+                    let pages = alloc.allocate(whole / page_size).expect("pages");
+                    // Our pages for what the tree held already come back as duplicates.
+                    alloc.release(tree.insert(key, &pages).duplicate_pages);
+                    cached[ns].insert(tokens[..whole].to_vec());
+                }
+                1 => {
+                    let found = tree.match_prefix(key).tokens;
+                    prop_assert_eq!(found, reference_match(&cached[ns], &tokens, page_size), "namespace {}", ns);
+                }
+                _ => {
+                    let freed = tree.evict(usize::MAX);
+                    alloc.release(freed.pages);
+                    cached.iter_mut().for_each(HashSet::clear);
+                }
+            }
+            prop_assert_eq!(tree.check_invariants(), Ok(()));
+            prop_assert_eq!(alloc.free_pages() + tree.cached_pages(), alloc.num_pages(), "a page was lost");
+        }
     }
 }

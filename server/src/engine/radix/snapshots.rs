@@ -19,6 +19,7 @@
 use std::cmp::Reverse;
 use std::collections::HashSet;
 
+use super::super::cache_key::CacheKey;
 use super::{NodeId, ROOT, RadixCache, Snapshot, SnapshotHit};
 
 impl RadixCache {
@@ -47,16 +48,22 @@ impl RadixCache {
         self.snapshots
     }
 
-    /// Files `slot` as the state after `tokens` (a whole number of pages, all in the tree),
+    /// Files `slot` as the state after `key` (a whole number of pages, all in the tree),
     /// splitting an edge to end a node there; `expected` when the request that took it expects
     /// a later request to resume there. Gives the slot back when the tree cannot use it: the
     /// prefix is not (all) cached, or its node already has an equally valid snapshot.
-    pub fn attach_snapshot(&mut self, tokens: &[u32], slot: u32, expected: bool) -> Result<NodeId, u32> {
-        if tokens.is_empty() || !tokens.len().is_multiple_of(self.page_size) {
+    pub fn attach_snapshot<'a>(
+        &mut self,
+        key: impl Into<CacheKey<'a>>,
+        slot: u32,
+        expected: bool,
+    ) -> Result<NodeId, u32> {
+        let key = key.into();
+        if key.is_empty() || !key.len().is_multiple_of(self.page_size) {
             return Err(slot);
         }
-        let (node, matched, _) = self.walk(tokens);
-        if matched != tokens.len() || self.nodes[node].snapshot.is_some() {
+        let (node, matched, _) = self.walk(key);
+        if matched != key.len() || self.nodes[node].snapshot.is_some() {
             return Err(slot);
         }
         self.nodes[node].snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected });
