@@ -118,6 +118,10 @@ pub enum KernelError {
     #[error("quantized matmul: {0}")]
     BadQuantized(String),
 
+    /// A dense matrix or its inputs have an unusable shape.
+    #[error("dense matmul: {0}")]
+    BadShape(String),
+
     /// A kernel was asked for an instruction set this CPU lacks.
     #[error("the {0} kernel is not available on this CPU")]
     Unavailable(&'static str),

@@ -42,6 +42,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod delta_net;
+pub mod dense;
 mod element;
 mod error;
 mod gpu_plan;

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
 use radix_kernels::KernelError;
+use radix_kernels::dense::{DenseMatrix, DenseWeights};
 use radix_kernels::quant::Q8_0Matrix;
 
 use crate::error::{ModelError, Result};
@@ -34,6 +36,22 @@ pub(crate) fn host_forward(
     let mut out = vec![0.0f32; x.len() / k * n_out];
     matmul(&x, &mut out)?;
     Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
+}
+
+/// Our dense matrix for a float tensor of shape `[n_out, k]` on the CPU, kept in its type
+/// (f16 and bf16 as stored, anything else as f32): candle's matmul gives a row other bits in a
+/// batch of one or two rows than in a larger one (radix_kernels::dense).
+pub(crate) fn dense_matrix(t: &Tensor) -> Result<Arc<DenseMatrix>> {
+    let &[n_out, k] = t.dims() else {
+        return Err(ModelError::Config(format!("a matrix of shape {:?}", t.dims())));
+    };
+    let t = t.to_device(&Device::Cpu)?.flatten_all()?;
+    let weights = match t.dtype() {
+        DType::F16 => DenseWeights::F16(t.to_vec1::<f16>()?),
+        DType::BF16 => DenseWeights::BF16(t.to_vec1::<bf16>()?),
+        _ => DenseWeights::F32(t.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+    };
+    Ok(Arc::new(DenseMatrix::new(n_out, k, weights)?))
 }
 
 /// Our Q8_0 matrix for a Q8_0 tensor of shape `[n_out, k]`; `None` for other types.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Tensor};
+use radix_kernels::dense::DenseMatrix;
 
 use crate::error::Result;
 use crate::layers::{Embedding, Linear, RmsNorm, Weight};
@@ -140,6 +141,12 @@ impl Embedded {
     pub(crate) fn dense(w: Tensor, tied: bool, head: fn(Tensor) -> Weight) -> Self {
         let tied_head = tied.then(|| Linear::new(head(w.clone())));
         Embedded { embedding: Embedding::Dense(w), tied_head }
+    }
+
+    /// A float matrix on the CPU (our dense kernel), for lookups and a tied head alike.
+    pub(crate) fn float(m: Arc<DenseMatrix>, tied: bool) -> Self {
+        let tied_head = tied.then(|| Linear::new(Weight::Float(Arc::clone(&m))));
+        Embedded { embedding: Embedding::Float(m), tied_head }
     }
 
     /// A quantized matrix on candle's kernels, for lookups and a tied head alike.

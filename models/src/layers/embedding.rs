@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
+use radix_kernels::dense::DenseMatrix;
 use radix_kernels::quant::Q8_0Matrix;
 
 use crate::config::ModelConfig;
@@ -19,6 +20,8 @@ pub(crate) enum Embedding {
     Quantized(Arc<QTensor>),
     /// A Q8_0 matrix shared with the tied output head on our int8 kernel.
     Q8_0(Arc<Q8_0Matrix>),
+    /// A float matrix on the CPU, shared with the tied output head on our dense kernel.
+    Float(Arc<DenseMatrix>),
 }
 
 impl Embedding {
@@ -35,6 +38,14 @@ impl Embedding {
                 }
                 Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
             }
+            Embedding::Float(m) => {
+                let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
+                let mut rows = vec![0.0f32; ids.len() * m.k()];
+                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
+                    m.row_f32(id as usize, row)?;
+                }
+                Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
+            }
         })
     }
 
@@ -45,6 +56,7 @@ impl Embedding {
             Embedding::Dense(t) => t.dims().to_vec(),
             Embedding::Quantized(q) => q.shape().dims().to_vec(),
             Embedding::Q8_0(m) => vec![m.n_out(), m.k()],
+            Embedding::Float(m) => vec![m.n_out(), m.k()],
         };
         if dims != [config.vocab_size, config.hidden_size] {
             return Err(ModelError::Config(format!(

@@ -1,12 +1,13 @@
 //! A linear layer, `x @ W^T (+ b)`, on whichever kernel suits its matrix and device: our int8
-//! kernel for Q8_0 on the CPU, candle's for other quantized types and dense matrices, cuBLAS in
-//! the matrix's own 16-bit type on a GPU. Projections that share an input (q/k/v, gate/up) can
+//! kernel for Q8_0 and our batch-invariant float kernel for dense matrices on the CPU, candle's
+//! for other quantized types, cuBLAS in the matrix's own 16-bit type on a GPU. Projections that share an input (q/k/v, gate/up) can
 //! share one quantization of it ([`Linear::forward_shared`]).
 
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
+use radix_kernels::dense::DenseMatrix;
 use radix_kernels::quant::Q8_0Matrix;
 
 use crate::cpu_matmul::host_forward;
@@ -22,8 +23,11 @@ pub(crate) struct Linear {
 /// The matrix of a [`Linear`], and whose kernel multiplies by it.
 #[derive(Debug, Clone)]
 pub(crate) enum Weight {
-    /// candle's `QMatMul`: dense weights, and quantized types other than Q8_0.
+    /// candle's `QMatMul`: quantized types other than Q8_0 (and dense weights in tests).
     Candle(QMatMul),
+    /// A float matrix on the CPU on radix-kernels' dense kernel, whose rows never depend on
+    /// the batch.
+    Float(Arc<DenseMatrix>),
     /// Q8_0 on radix-kernels' int8 kernel, which is faster than candle's on the CPU for any
     /// inner size (candle's fast path needs multiples of 256) and runs on the model's pool.
     Q8_0(Arc<Q8_0Matrix>),
@@ -48,6 +52,7 @@ impl Linear {
         let y = match &self.weight {
             Weight::Candle(m) => m.forward(x)?,
             Weight::Q8_0(m) => host_forward(x, m.k(), m.n_out(), |x, out| m.matmul(x, out))?,
+            Weight::Float(m) => host_forward(x, m.k(), m.n_out(), |x, out| m.matmul(x, out))?,
             Weight::Dense(w) => x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(DType::F32)?,
         };
         self.add_bias(y)

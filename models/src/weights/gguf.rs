@@ -10,7 +10,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 
 use super::{Embedded, Target, TensorName, WeightSource};
-use crate::cpu_matmul::{exact_q8_0, q8_0_matrix};
+use crate::cpu_matmul::{dense_matrix, exact_q8_0, q8_0_matrix};
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, Weight};
 
@@ -109,7 +109,7 @@ impl WeightSource for GgufSource {
     /// stay as stored (candle's GPU kernels) and float ones keep their type.
     fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
         if self.dequantize {
-            return Ok(Weight::Candle(QMatMul::Tensor(self.tensor(name, &shape, &to.device)?)));
+            return float_weight(self.tensor(name, &shape, &to.device)?);
         }
         let q = self.qtensor(name, &to.device)?;
         self.weight_of(q, to)
@@ -143,11 +143,7 @@ impl WeightSource for GgufSource {
             let data = std::borrow::Cow::Borrowed(&bytes[e * per_expert..(e + 1) * per_expert]);
             let storage = candle_core::quantized::QStorage::from_data(data, &to.device, all.dtype())?;
             let q = QTensor::new(storage, (dims[1], dims[2]))?;
-            out.push(if self.dequantize {
-                Weight::Candle(QMatMul::Tensor(q.dequantize(&to.device)?))
-            } else {
-                self.weight_of(q, to)?
-            });
+            out.push(if self.dequantize { float_weight(q.dequantize(&to.device)?)? } else { self.weight_of(q, to)? });
         }
         Ok(out)
     }
@@ -165,9 +161,9 @@ impl WeightSource for GgufSource {
             }
             return Embedded::quantized(q, tied);
         }
-        let candle_head = |dense: Tensor| Weight::Candle(QMatMul::Tensor(dense));
         if float {
-            return Ok(Embedded::dense(q.dequantize(device)?, tied, candle_head));
+            let stored = q.dequantize(device)?.to_dtype(stored_float_type(q.dtype()))?;
+            return Ok(Embedded::float(dense_matrix(&stored)?, tied));
         }
         if !tied {
             return Ok(Embedded { embedding: Embedding::Quantized(Arc::new(q)), tied_head: None });
@@ -176,7 +172,7 @@ impl WeightSource for GgufSource {
             let dense = q.dequantize(device)?;
             return Ok(Embedded {
                 embedding: Embedding::Quantized(Arc::new(q)),
-                tied_head: Some(Linear::new(candle_head(dense))),
+                tied_head: Some(Linear::new(float_weight(dense)?)),
             });
         }
         // A tied output head multiplies by the embedding every step, so it gets a fast type;
@@ -202,6 +198,9 @@ impl GgufSource {
                 _ => Weight::Candle(QMatMul::from_qtensor(q)?),
             });
         }
+        if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            return float_weight(q.dequantize(&Device::Cpu)?.to_dtype(stored_float_type(q.dtype()))?);
+        }
         let q = fast_cpu_type(q, to)?;
         Ok(match q8_0_matrix(&q, &mut to.notes)? {
             Some(m) => Weight::Q8_0(m),
@@ -210,7 +209,12 @@ impl GgufSource {
     }
 }
 
-/// The candle type of a float GGUF tensor (kept as stored on a GPU).
+/// A float matrix on the CPU: our dense kernel, in the type it comes in.
+fn float_weight(t: Tensor) -> Result<Weight> {
+    Ok(Weight::Float(dense_matrix(&t)?))
+}
+
+/// The candle type of a float GGUF tensor (kept as stored).
 fn stored_float_type(dtype: GgmlDType) -> DType {
     match dtype {
         GgmlDType::BF16 => DType::BF16,

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::{Embedded, Target, TensorName, WeightSource};
 use crate::config::ModelConfig;
+use crate::cpu_matmul::dense_matrix;
 use crate::error::{ModelError, Result};
 use crate::layers::Weight;
 use crate::rng::SplitMix64;
@@ -95,6 +96,7 @@ impl WeightSource for RandomWeights {
 
     fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
         Ok(match self.format {
+            RandomFormat::BF16 if to.device.is_cpu() => Weight::Float(dense_matrix(&self.bf16(&shape, &to.device)?)?),
             RandomFormat::BF16 => Weight::Dense(self.bf16(&shape, &to.device)?),
             RandomFormat::Q4K => Weight::Candle(QMatMul::from_qtensor(self.q4k(name, &shape, &to.device)?)?),
         })
@@ -102,6 +104,9 @@ impl WeightSource for RandomWeights {
 
     fn embedding(&self, name: &TensorName, shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         match self.format {
+            RandomFormat::BF16 if to.device.is_cpu() => {
+                Ok(Embedded::float(dense_matrix(&self.bf16(&shape, &to.device)?)?, tied))
+            }
             RandomFormat::BF16 => Ok(Embedded::dense(self.bf16(&shape, &to.device)?, tied, Weight::Dense)),
             RandomFormat::Q4K => Embedded::quantized(self.q4k(name, &shape, &to.device)?, tied),
         }

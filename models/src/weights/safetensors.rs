@@ -1,15 +1,15 @@
 //! A Hugging Face model directory's `*.safetensors` files, memory-mapped, under transformers'
-//! tensor names. Matrices are dense: f32 on the CPU (candle's matmul), and on a GPU kept in
-//! 16 bits (bf16) unless stored as f32.
+//! tensor names. Matrices are dense: on the CPU in their stored type on our batch-invariant
+//! kernel, and on a GPU kept in 16 bits (bf16) unless stored as f32.
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::QMatMul;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use super::{Embedded, Naming, Target, TensorName, WeightSource};
 use crate::config::Architecture;
+use crate::cpu_matmul::dense_matrix;
 use crate::error::{ModelError, Result};
 use crate::layers::Weight;
 
@@ -62,6 +62,18 @@ impl SafetensorsSource {
         })
     }
 
+    /// A matrix as stored, in host memory, checked to be `shape`.
+    fn load_matrix(&self, name: &TensorName, shape: [usize; 2]) -> Result<Tensor> {
+        let t = self.load(name, &Device::Cpu)?;
+        if t.dims() != shape {
+            return Err(ModelError::BadFile {
+                path: self.dir.clone(),
+                message: format!("tensor `{}` has shape {:?}, expected {shape:?}", self.stored_name(name), t.dims()),
+            });
+        }
+        Ok(t)
+    }
+
     /// A matrix as a GPU keeps it: f32 if stored so, else bf16 (cuBLAS's fast type).
     fn device_matrix(&self, name: &TensorName, device: &Device) -> Result<Tensor> {
         let t = self.load(name, device)?;
@@ -84,7 +96,7 @@ impl WeightSource for SafetensorsSource {
 
     fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
         Ok(if to.device.is_cpu() {
-            Weight::Candle(QMatMul::Tensor(self.tensor(name, &shape, &to.device)?))
+            Weight::Float(dense_matrix(&self.load_matrix(name, shape)?)?)
         } else {
             Weight::Dense(self.device_matrix(name, &to.device)?)
         })
@@ -92,7 +104,7 @@ impl WeightSource for SafetensorsSource {
 
     fn embedding(&self, name: &TensorName, shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         Ok(if to.device.is_cpu() {
-            Embedded::dense(self.tensor(name, &shape, &to.device)?, tied, |w| Weight::Candle(QMatMul::Tensor(w)))
+            Embedded::float(dense_matrix(&self.load_matrix(name, shape)?)?, tied)
         } else {
             Embedded::dense(self.device_matrix(name, &to.device)?, tied, Weight::Dense)
         })
