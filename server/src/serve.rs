@@ -385,6 +385,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         preparation: PreparationPool::new(std::thread::available_parallelism().map_or(1, |n| n.get() - 1)),
         http_metrics: HttpMetrics::default(),
         recorder,
+        recent: Default::default(),
     });
     runtime.block_on(async move {
         // Stop the loading server first: it stops accepting at once, and connections waiting

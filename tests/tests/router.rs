@@ -6,7 +6,8 @@
 //!   `/flush_cache` and the routing-key headers on one instance (no router needed; ~5 s).
 //! - `router_registers_routes_and_survives_a_kill` (CI smoke, ~30 s): two instances behind a
 //!   `cache_aware` router; registration reads our endpoints, a request is routed, and once one
-//!   instance is killed every request ends within [`fleet::REQUEST_BOUND`] and the other serves.
+//!   instance is killed every request ends within [`fleet::REQUEST_BOUND`] and the other serves;
+//!   the survivor's cache page data lists a routed request under its routing key.
 //! - `three_instances_behind_sglang_router` (ignored: 3 to 8 minutes on 2 busy cores; run by
 //!   `benches/run-router-bench.sh`, results in benches/README.md): three SmolLM2 instances; the same
 //!   interleaved agent sessions (4 sessions sharing a system prompt, 5 requests each) are replayed
@@ -161,6 +162,23 @@ fn router_registers_routes_and_survives_a_kill() {
     }
     let last = routed.outcomes.last().unwrap();
     assert_eq!((last.status, last.instance), (Some(200), Some(1 - dead)), "{last:?}");
+    cache_page_behind_the_router(&router, fleet[1 - dead].as_ref().expect("the survivor runs"));
+}
+
+/// The cache page behind the router: the router forwards the API only (its `/` is a 404), so
+/// each worker's page is opened at the worker; there a routed request shows with the routing key
+/// the router forwarded as its session.
+fn cache_page_behind_the_router(router: &Router, worker: &Server) {
+    let page = ureq::get(&format!("{}/", router.base)).timeout(Duration::from_secs(10)).call();
+    assert!(matches!(page, Err(ureq::Error::Status(404, _))), "the router serves no page: {page:?}");
+    let body = common::chat(json!([{"role": "user", "content": common::filler(5, 30)}]), 2);
+    let (status, _, answer) = post_with(&router.base, "/v1/chat/completions", &[("x-smg-routing-key", "ui-1")], &body);
+    assert_eq!(status, 200, "{answer}");
+    let shown = worker.get("/v1/cache/requests?limit=1");
+    let entry = &shown["requests"][0];
+    assert_eq!(entry["session"], "ui-1", "{shown}");
+    assert_eq!(entry["prompt_tokens"], answer["usage"]["prompt_tokens"], "{shown}");
+    assert!(ureq::get(&format!("{}/", worker.base)).call().is_ok(), "the worker serves its page");
 }
 
 #[test]

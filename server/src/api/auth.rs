@@ -1,6 +1,6 @@
 //! API keys (`--api-key`, `--api-key-file`, as llama-server names them): every route but
-//! `/health` wants one, as `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>`
-//! (Anthropic clients).
+//! `/health` and the cache page's static files (`ui.rs`) wants one, as `Authorization: Bearer
+//! <key>` (OpenAI clients) or `x-api-key: <key>` (Anthropic clients).
 
 use std::path::Path;
 

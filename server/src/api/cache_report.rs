@@ -22,9 +22,12 @@ const CONTEXT_TOKENS: usize = 8;
 pub(crate) struct CacheContext {
     template: PreparedTemplate,
     tokenizer: Arc<Tokenizer>,
-    chat: ChatRequest,
-    prompt_text: String,
-    prompt: Vec<u32>,
+    /// The request's messages and tools.
+    pub(crate) chat: ChatRequest,
+    /// The rendered prompt.
+    pub(crate) prompt_text: String,
+    /// Its tokens.
+    pub(crate) prompt: Vec<u32>,
     /// Where the request's own text spelled control tokens (encoded as text).
     content_controls: Vec<std::ops::Range<usize>>,
     /// The tokenizer's control-token spellings, for the prompt's parts.
@@ -61,6 +64,24 @@ impl CacheContext {
             wanted,
             log_prompts: false,
         }
+    }
+
+    /// The prompt's tokens per part, of which the first `cached` came from the cache
+    /// (`prompt_parts`); `None` where the token offsets cannot be had.
+    pub(crate) fn prompt_parts(&self, cached: usize) -> Option<Json> {
+        let offsets = self
+            .offsets
+            .clone()
+            .or_else(|| self.tokenizer.prompt_offsets(&self.prompt_text, &self.content_controls).ok())
+            .filter(|o| o.len() == self.prompt.len())?;
+        Some(super::prompt_parts::prompt_parts(
+            &self.template,
+            &self.chat,
+            &self.prompt_text,
+            &offsets,
+            Some(cached),
+            self.controls.as_ref(),
+        ))
     }
 }
 
@@ -112,11 +133,11 @@ struct Place {
 
 /// Explains `report` and logs one line about it. Without a chat context (a raw-text prompt) the
 /// report stays at token level.
-pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -> Explained {
+pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) -> Explained {
     let mut reason = report.reason;
     let mut divergence = Json::Null;
     let mut log_place = String::new();
-    if let (Some(at), Some(ctx)) = (report.divergence, context.as_ref()) {
+    if let (Some(at), Some(ctx)) = (report.divergence, context) {
         let window = |tokens: &[u32], from: usize, to: usize| -> String {
             let (from, to) = (from.min(tokens.len()), to.min(tokens.len()));
             ctx.tokenizer.decode(&tokens[from..to], false).unwrap_or_default()
@@ -165,19 +186,8 @@ pub(crate) fn explain(context: Option<CacheContext>, report: Box<CacheReport>) -
         json["recomputed_for_snapshot"] = json!(recomputed);
         log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
     }
-    if let Some(ctx) = context.as_ref().filter(|c| c.wanted)
-        && let Some(offsets) =
-            ctx.offsets.clone().or_else(|| ctx.tokenizer.prompt_offsets(&ctx.prompt_text, &ctx.content_controls).ok())
-        && offsets.len() == ctx.prompt.len()
-    {
-        json["prompt_parts"] = super::prompt_parts::prompt_parts(
-            &ctx.template,
-            &ctx.chat,
-            &ctx.prompt_text,
-            &offsets,
-            Some(report.cached_tokens),
-            ctx.controls.as_ref(),
-        );
+    if let Some(parts) = context.filter(|c| c.wanted).and_then(|c| c.prompt_parts(report.cached_tokens)) {
+        json["prompt_parts"] = parts;
     }
     match (reason, report.divergence) {
         (Some(reason), Some(at)) => eprintln!(

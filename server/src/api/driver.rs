@@ -32,8 +32,10 @@ pub(crate) struct GenerationSpec {
 impl GenerationSpec {
     /// Submits the spec to the engine.
     fn start(self, state: &ApiState) -> Generation {
+        let watch = state.recent.watch(&self.request, self.cache.as_ref());
         let mut generation = Generation::start(&state.engine, self.request, self.parser);
         generation.cache_context = self.cache;
+        generation.recent = Some(watch);
         generation
     }
 }

@@ -22,11 +22,13 @@ mod metrics;
 mod output;
 mod preparation;
 mod prompt_parts;
+mod recent;
 mod recorder;
 mod reply;
 mod request;
 mod router_compat;
 mod snapshot_points;
+mod ui;
 
 use std::sync::Arc;
 
@@ -46,6 +48,7 @@ pub use error::ApiError;
 pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
 pub use preparation::PreparationPool;
+pub use recent::RecentRequests;
 pub use recorder::RequestRecorder;
 pub use request::llama_server_sampling;
 
@@ -104,10 +107,12 @@ pub struct ApiState {
     pub http_metrics: HttpMetrics,
     /// Where chat request bodies are recorded (`--record-requests`); `None`: nowhere.
     pub recorder: Option<RequestRecorder>,
+    /// The last requests, for the cache page (`/`, `GET /v1/cache/requests`).
+    pub recent: Arc<RecentRequests>,
 }
 
 /// The router with every route, in groups that carry their own guards: `/health` open for
-/// probes (but for the `Host` check); every other route behind the `Host` check, the API key,
+/// probes and the cache page (`/`, `/ui`) open for browsers (but for the `Host` check); every other route behind the `Host` check, the API key,
 /// the JSON content type and the body limits; the routes that queue work on the engine also
 /// behind the queue limit; the Anthropic routes answering errors in Anthropic's shape; CORS
 /// around everything, since preflights carry no key. Layers run outermost last-added.
@@ -116,6 +121,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let host_check = || from_fn_with_state(Arc::clone(&state), browser::check_host);
     let guarded = |routes: Router<Arc<ApiState>>| {
         routes
+            .layer(from_fn(recent::session_scope))
             .layer(from_fn(router_compat::session_affinity))
             .layer(from_fn(limits::read_body))
             .layer(from_fn(browser::require_json))
@@ -133,6 +139,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .merge(llama::routes())
         .merge(metrics::routes())
         .merge(router_compat::routes())
+        .merge(ui::data_routes())
         // Here, so that an unknown route also asks for the key (and the metrics name it "other").
         .fallback(|| async { ApiError::NotFound });
     let anthropic = anthropic::generation_routes().route_layer(queue_limit()).merge(anthropic::routes());
@@ -140,6 +147,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let anthropic = guarded(anthropic).layer(from_fn(limits::json_errors)).layer(from_fn(anthropic::error_shape));
     Router::new()
         .route("/health", get(health))
+        .merge(ui::page_routes())
         .route_layer(host_check())
         .merge(guarded(openai))
         .merge(anthropic)

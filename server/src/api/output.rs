@@ -109,6 +109,8 @@ pub(crate) struct Generation {
     pub(crate) cache_context: Option<super::cache_report::CacheContext>,
     /// The cache report, once the engine admitted the request.
     pub(crate) cache: Option<super::cache_report::Explained>,
+    /// This request on the cache page (`recent.rs`), fed by the events below.
+    pub(crate) recent: Option<super::recent::Watch>,
 }
 
 impl Generation {
@@ -124,6 +126,7 @@ impl Generation {
             logprobs: Vec::new(),
             cache_context: None,
             cache: None,
+            recent: None,
         }
     }
 
@@ -135,15 +138,26 @@ impl Generation {
             match event {
                 Some(EngineEvent::Started { cached_tokens, report, .. }) => {
                     self.cached_tokens = cached_tokens;
-                    self.cache = Some(super::cache_report::explain(self.cache_context.take(), report));
+                    let context = self.cache_context.take();
+                    let explained = super::cache_report::explain(context.as_ref(), report);
+                    if let Some(watch) = self.recent.as_mut() {
+                        watch.started(&explained, context);
+                    }
+                    self.cache = Some(explained);
                 }
                 Some(EngineEvent::Logprobs(logprobs)) => self.logprobs.push(logprobs),
                 Some(EngineEvent::Token { id, text }) => {
+                    if let Some(watch) = self.recent.as_mut() {
+                        watch.token();
+                    }
                     self.tokens.push(id);
                     let events = self.pipeline.push(&text);
                     return Ok(Some(Piece { token: Some(id), events, end: None }));
                 }
                 Some(EngineEvent::Finished { reason, timings, text }) => {
+                    if let Some(watch) = self.recent.as_mut() {
+                        watch.finished(&reason, &timings);
+                    }
                     self.receiver = None;
                     let events = self.pipeline.finish(&text);
                     let ending = match reason {
@@ -154,6 +168,9 @@ impl Generation {
                     return Ok(Some(Piece { token: None, events, end: Some((ending, timings)) }));
                 }
                 Some(EngineEvent::Failed(message)) => {
+                    if let Some(watch) = self.recent.as_mut() {
+                        watch.failed();
+                    }
                     self.receiver = None;
                     return Err(ApiError::internal(message));
                 }
