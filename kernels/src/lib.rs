@@ -52,6 +52,7 @@ mod vector;
 mod write;
 
 pub use attention::{SequenceAttention, paged_attention};
+pub use cpu::{CPU_ISA_ENV, CpuIsa};
 pub use element::KvElement;
 pub use error::KernelError;
 pub use layout::PagedLayout;

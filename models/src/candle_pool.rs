@@ -1,4 +1,5 @@
-//! candle's own CPU thread pool, which runs the quantized matmuls our kernels do not (K-quants).
+//! candle's own CPU thread pool, which runs the quantized matmuls our kernels do not (types
+//! without a kernel of ours: Q2_K, Q3_K, IQ*).
 
 /// candle runs quantized matmuls on its own spinning pool, sized once from `CANDLE_NUM_THREADS`
 /// (else every physical core) when it is first used; size it from the model's thread count so

@@ -32,6 +32,8 @@ pub use device::{Device, device_name, parse_device};
 pub use error::{ModelError, Result};
 pub use kv_pool::{KvDType, KvPool};
 pub use model::{LoadOptions, Model};
+/// The instruction-set level of the CPU kernels (`RADIX_CPU_ISA` lowers it).
+pub use radix_kernels::CpuIsa;
 pub use recommended_sampling::RecommendedSampling;
 pub use rng::SplitMix64;
 pub use source::{HubOptions, ModelFiles, resolve_model};

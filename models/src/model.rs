@@ -41,10 +41,10 @@ use head::Head;
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Threads of the model's own pool (attention, Q8_0 matmuls on radix-kernels' int8 kernel,
-    /// and dense matmuls run there). candle runs its other quantized matmuls (Q4_K, Q6_K, ...)
-    /// on a pool of its own, sized once per process from `CANDLE_NUM_THREADS`; `radix-serve`
-    /// sets that from `--threads`.
+    /// Threads of the model's own pool: attention, every quantized matmul on radix-kernels'
+    /// kernels, and dense matmuls run there. candle's own pool (sized once per process from
+    /// `CANDLE_NUM_THREADS`, which `radix-serve` sets from `--threads`) runs only quantized
+    /// types we have no kernel for.
     pub threads: usize,
     /// Dequantize quantized weights to f32 at load: exact matmuls (no 8-bit activations),
     /// for checking a quantized file against a float reference; slower and larger.

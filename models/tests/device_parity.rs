@@ -12,12 +12,16 @@ use serde_json::Value as Json;
 use radix_e2e::asset_path as asset;
 
 /// Relative L2 distance allowed between the two paths' logits with quantized weights. The paths
-/// share weights but not arithmetic: on the CPU Q4_1 runs as Q8_0 with 8-bit activations (our
-/// kernel), on CUDA as candle's Q4_1 kernels (8-bit activations for single rows, f16 weights and
+/// share weights but not arithmetic: on the CPU Q4_1 runs on our kernels with 8-bit activations,
+/// on CUDA on candle's Q4_1 kernels (8-bit activations for single rows, f16 weights and
 /// activations through cuBLAS for larger batches). Rounding activations to 8 bits is not
 /// continuous: the CPU tensor path alone, whose only differences from the CPU path are in the last
-/// bits of RoPE and attention sums, lands 1.1-1.3e-2 away after 30 layers.
+/// bits of RoPE and attention sums, lands 1.1-4.5e-2 away after 30 layers (each path is 1-3e-2
+/// from the same weights in f32).
 const QUANTIZED_TOLERANCE: f32 = 5e-2;
+/// With quantized weights, where the paths' greedy picks differ the CPU path's own top two
+/// logits must be this close: a near tie that 8-bit rounding can flip (measured: 0.02-0.08).
+const NEAR_TIE: f32 = 0.25;
 /// The same with weights dequantized to f32 at load (exact matmuls, f16 KV cache on both): the
 /// paths differ in summation order only, bf16-level agreement at worst.
 const F32_TOLERANCE: f32 = 4e-3;
@@ -83,7 +87,7 @@ fn greedy(model: &Model, pool: &mut KvPool, prompt: &[u32]) -> (Vec<u32>, Vec<f3
 }
 
 /// With f32 weights the continuations are identical; with the file's Q4_1 weights, each path's
-/// argmax after the CPU path's tokens (teacher forcing) agrees but for near-ties.
+/// argmax after the CPU path's tokens (teacher forcing) agrees but for near ties.
 ///
 /// Slow (~1 min on 2 cores, the slowest test of the workspace): on the CPU the tensor path gathers
 /// every context once per layer and runs candle's ops, and each of 4 prompts is decoded for 32
@@ -101,36 +105,55 @@ fn smollm2_greedy_and_logits_match_the_cpu_path() {
             let (want, want_first) = greedy(&cpu, &mut cpu_pool, prompt);
             let err = rel_l2(&greedy(&dev, &mut dev_pool, prompt).1, &want_first);
             let (got, _) = greedy(&dev, &mut dev_pool, prompt);
-            let agree = teacher_forced_agreement(&dev, &mut dev_pool, prompt, &want);
+            let (agree, worst_tie) = teacher_forced(&cpu, &mut cpu_pool, &dev, &mut dev_pool, prompt, &want);
             eprintln!(
                 "{name}: prompt {i}: first-step logits relative L2 {err:e}; free-running greedy equal: {}; \
-                 teacher-forced argmax agrees {agree}/{GREEDY_TOKENS}",
+                 teacher-forced argmax agrees {agree}/{GREEDY_TOKENS} (widest CPU-path gap where not: {worst_tie})",
                 got == want
             );
             assert!(err < tolerance, "{name}: prompt {i}: logits relative L2 {err} over {tolerance}");
             if dequantize_weights {
                 assert_eq!(got, want, "{name}: prompt {i}: greedy continuation differs from the CPU path");
             } else {
-                assert!(agree >= GREEDY_TOKENS - 2, "{name}: prompt {i}: only {agree} of {GREEDY_TOKENS} agree");
+                assert!(
+                    worst_tie < NEAR_TIE,
+                    "{name}: prompt {i}: the paths pick differently where the CPU path's top two are {worst_tie} apart"
+                );
             }
         }
     }
 }
 
-/// How many of `reference`'s tokens `model` picks itself when fed the reference before each.
-fn teacher_forced_agreement(model: &Model, pool: &mut KvPool, prompt: &[u32], reference: &[u32]) -> usize {
-    let table: Vec<u32> = (0..pool.num_pages() as u32).collect();
+/// Both models fed `reference` after `prompt` (teacher forcing): how many of its tokens `dev`
+/// picks itself, and the widest gap, in the CPU path's logits, between the CPU path's pick and
+/// `dev`'s where they differ (0 if they never do).
+fn teacher_forced(
+    cpu: &Model,
+    cpu_pool: &mut KvPool,
+    dev: &Model,
+    dev_pool: &mut KvPool,
+    prompt: &[u32],
+    reference: &[u32],
+) -> (usize, f32) {
+    let table: Vec<u32> = (0..dev_pool.num_pages() as u32).collect();
     let mut batch = ForwardBatch::default();
     batch.push(prompt, prompt.len(), table.clone(), true);
-    let mut logits = logits_rows(model, &batch, pool).remove(0);
-    let mut agree = 0;
+    let mut cpu_logits = logits_rows(cpu, &batch, cpu_pool).remove(0);
+    let mut logits = logits_rows(dev, &batch, dev_pool).remove(0);
+    let (mut agree, mut worst) = (0, 0.0f32);
     for (k, &expected) in reference.iter().enumerate() {
-        agree += usize::from(argmax(&logits) == expected);
+        let picked = argmax(&logits);
+        if picked == expected {
+            agree += 1;
+        } else {
+            worst = worst.max(cpu_logits[argmax(&cpu_logits) as usize] - cpu_logits[picked as usize]);
+        }
         let mut step = ForwardBatch::default();
         step.push(&[expected], prompt.len() + k + 1, table.clone(), true);
-        logits = logits_rows(model, &step, pool).remove(0);
+        cpu_logits = logits_rows(cpu, &step, cpu_pool).remove(0);
+        logits = logits_rows(dev, &step, dev_pool).remove(0);
     }
-    agree
+    (agree, worst)
 }
 
 /// One batch of a decode step, a prefill chunk over a cached prefix, and a whole prefill, with

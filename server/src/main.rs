@@ -33,6 +33,10 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
+    if let Err(err) = radix_models::CpuIsa::from_env() {
+        eprintln!("radix-serve: {err}");
+        return std::process::ExitCode::FAILURE;
+    }
     if cli.command.is_none() {
         radix_models::configure_candle_pool(cli.serve.threads());
         radix_models::configure_allocator();

@@ -1,34 +1,33 @@
-//! Our Q8_0 matmul ([`radix_kernels::quant::Q8_0Matrix`]) against candle's `QMatMul::forward`
-//! on the same Q8_0 weights, for SmolLM2-135M's shapes.
+//! Our quantized matmuls ([`radix_kernels::quant::QuantMatrix`], weights in place) against
+//! candle's `QMatMul::forward` on the same GGML blocks, per type and shape, and each of our
+//! kernels this CPU runs (portable, AVX2, VNNI, AVX-512).
 //!
 //! ```text
-//! matmul-bench [--threads 2] [--reps 7] [--m 1,512]
+//! matmul-bench [--threads 2] [--reps 7] [--m 1,512] [--types q4_0,q4_k,...] [--shapes 1024:3072,...]
 //! ```
 //!
-//! - Shapes (`k -> n_out`): 576 -> 576 (attention q/o), 576 -> 1536 (MLP gate/up),
-//!   1536 -> 576 (MLP down), 576 -> 49152 (tied lm_head).
-//! - Weights are random f32 quantized by candle (`QTensor::quantize` to Q8_0); our matrix is
-//!   built from the same bytes (`QTensor::data()`). Activations are random f32 `[m, k]`.
+//! - Shapes are `k:n_out` (default: Qwen3-0.6B's q, gate/up and down projections).
+//! - Weights are random f32 quantized by candle (`QTensor::quantize`); our matrix borrows the
+//!   same bytes (`QTensor::data()`). Activations are random f32 `[m, k]`.
 //! - Each figure is the median of `--reps` repetitions after a warm-up; a repetition runs the
 //!   product enough times to take about 50 ms and reports the time per product. Both run with
-//!   `--threads` threads (candle's pool through `CANDLE_NUM_THREADS`, ours on a rayon pool).
+//!   `--threads` threads (candle's pool through `CANDLE_NUM_THREADS`, ours on a rayon pool),
+//!   ours including the activations' quantization.
 //! - `ratio` is candle's time over ours (above 1: ours is faster). `max diff` is the largest
-//!   difference between the two outputs relative to the largest output magnitude: both
-//!   quantize the activations to 8 bits, candle with f16 scales, ours with f32 ones.
-//! - `ours` uses the best kernel of this CPU (VNNI where present); `avx2 ms` times our AVX2
-//!   kernel alone, for CPUs without VNNI.
+//!   difference between the two outputs relative to the largest output magnitude (both round
+//!   activations to 8 bits, differently).
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use clap::Parser;
-use radix_kernels::quant::{Q8_0Matrix, Q8Kernel};
+use radix_kernels::quant::{LayerInput, QuantKernel, QuantMatrix, QuantType, Split, WeightBytes};
 use radix_models::SplitMix64;
 
 #[derive(Parser, Debug)]
-#[command(about = "Q8_0 matmul: radix-kernels vs candle on SmolLM2's shapes")]
+#[command(about = "Quantized matmuls: radix-kernels vs candle, per type and kernel")]
 struct Args {
     /// Threads for both implementations.
     #[arg(long, default_value_t = 2)]
@@ -39,11 +38,13 @@ struct Args {
     /// Activation rows to time (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,512")]
     m: Vec<usize>,
+    /// Weight types (comma-separated GGML names, lower case).
+    #[arg(long, value_delimiter = ',', default_value = "q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k")]
+    types: Vec<String>,
+    /// Shapes `k:n_out` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1024:2048,1024:3072,3072:1024")]
+    shapes: Vec<String>,
 }
-
-/// (k, n_out, what) of SmolLM2-135M's matrices.
-const SHAPES: [(usize, usize, &str); 4] =
-    [(576, 576, "attn q/o"), (576, 1536, "mlp gate/up"), (1536, 576, "mlp down"), (576, 49152, "lm_head")];
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -74,46 +75,83 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()
 }
 
+fn parse_type(s: &str) -> Result<(GgmlDType, QuantType)> {
+    Ok(match s {
+        "q4_0" => (GgmlDType::Q4_0, QuantType::Q4_0),
+        "q4_1" => (GgmlDType::Q4_1, QuantType::Q4_1),
+        "q5_0" => (GgmlDType::Q5_0, QuantType::Q5_0),
+        "q5_1" => (GgmlDType::Q5_1, QuantType::Q5_1),
+        "q8_0" => (GgmlDType::Q8_0, QuantType::Q8_0),
+        "q4_k" => (GgmlDType::Q4K, QuantType::Q4_K),
+        "q5_k" => (GgmlDType::Q5K, QuantType::Q5_K),
+        "q6_k" => (GgmlDType::Q6K, QuantType::Q6_K),
+        other => bail!("unknown type {other:?}: one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k"),
+    })
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     // candle 0.11 sizes its matmul pool once per process from CANDLE_NUM_THREADS.
     // SAFETY: set before any other thread exists.
     unsafe { std::env::set_var("CANDLE_NUM_THREADS", a.threads.to_string()) };
     let pool = rayon::ThreadPoolBuilder::new().num_threads(a.threads).build().context("thread pool")?;
-    println!("threads {}, median of {} reps; ratio = candle time / ours", a.threads, a.reps);
+    let kernels: Vec<QuantKernel> = QuantKernel::ALL.into_iter().filter(|k| k.is_available()).collect();
     println!(
-        "{:<18} {:>12} {:>5} {:>10} {:>10} {:>7} {:>9} {:>10}",
-        "matrix", "k -> n_out", "m", "candle ms", "ours ms", "ratio", "max diff", "avx2 ms"
+        "threads {}, median of {} reps; ratio = candle time / ours ({}); ISA {}",
+        a.threads,
+        a.reps,
+        QuantKernel::Auto.resolve().name(),
+        radix_kernels::CpuIsa::active().name()
     );
-    for (k, n_out, what) in SHAPES {
-        let w = Tensor::from_vec(values(n_out * k, 1), (n_out, k), &Device::Cpu)?;
-        let qt = QTensor::quantize(&w, GgmlDType::Q8_0)?;
-        let ours = Q8_0Matrix::from_ggml_bytes(n_out, k, &qt.data()?)?;
-        let candle = QMatMul::from_qtensor(qt)?;
-        for &m in &a.m {
-            let x = values(m * k, 2 + m as u64);
-            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu)?;
-            let mut out = vec![0.0f32; m * n_out];
-            let t_candle = time(a.reps, || {
-                candle.forward(&xt).expect("candle forward");
-            });
-            let t_ours =
-                pool.install(|| time(a.reps, || ours.matmul_with(&x, &mut out, Q8Kernel::Auto).expect("our matmul")));
-            let t_avx2 = Q8Kernel::Avx2.is_available().then(|| {
+    print!(
+        "{:<6} {:>12} {:>5} {:>10} {:>10} {:>7} {:>9}",
+        "type", "k -> n_out", "m", "candle ms", "ours ms", "ratio", "max diff"
+    );
+    for k in &kernels {
+        print!(" {:>10}", format!("{} ms", k.name()));
+    }
+    println!();
+    for t in &a.types {
+        let (dtype, ty) = parse_type(t)?;
+        for shape in &a.shapes {
+            let (k, n_out) = shape.split_once(':').context("a shape is k:n_out")?;
+            let (k, n_out): (usize, usize) = (k.parse()?, n_out.parse()?);
+            let w = Tensor::from_vec(values(n_out * k, 1), (n_out, k), &Device::Cpu)?;
+            let qt = QTensor::quantize(&w, dtype)?;
+            let ours = QuantMatrix::new(ty, n_out, k, WeightBytes::from_vec(qt.data()?.into_owned()))?;
+            let candle = QMatMul::from_qtensor(qt)?;
+            for &m in &a.m {
+                let x = values(m * k, 2 + m as u64);
+                let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu)?;
                 let mut out = vec![0.0f32; m * n_out];
-                pool.install(|| time(a.reps, || ours.matmul_with(&x, &mut out, Q8Kernel::Avx2).expect("avx2")))
-            });
-            let reference = candle.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
-            let scale = reference.iter().fold(0.0f32, |s, v| s.max(v.abs())).max(f32::MIN_POSITIVE);
-            let diff = out.iter().zip(&reference).fold(0.0f32, |d, (a, b)| d.max((a - b).abs())) / scale;
-            println!(
-                "{what:<18} {:>12} {m:>5} {:>10.3} {:>10.3} {:>7.2} {diff:>9.1e} {:>10}",
-                format!("{k} -> {n_out}"),
-                t_candle * 1e3,
-                t_ours * 1e3,
-                t_candle / t_ours,
-                t_avx2.map_or("-".to_owned(), |t| format!("{:.3}", t * 1e3)),
-            );
+                let t_candle = time(a.reps, || {
+                    candle.forward(&xt).expect("candle forward");
+                });
+                let mut run = |kernel: QuantKernel| {
+                    pool.install(|| {
+                        time(a.reps, || {
+                            let input = LayerInput::new(&x, k).expect("whole rows");
+                            ours.matmul_with(&input, None, &mut out, kernel, Split::default()).expect("our matmul")
+                        })
+                    })
+                };
+                let t_ours = run(QuantKernel::Auto);
+                let per_kernel: Vec<f64> = kernels.iter().map(|&kernel| run(kernel)).collect();
+                let reference = candle.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+                let scale = reference.iter().fold(0.0f32, |s, v| s.max(v.abs())).max(f32::MIN_POSITIVE);
+                let diff = out.iter().zip(&reference).fold(0.0f32, |d, (a, b)| d.max((a - b).abs())) / scale;
+                print!(
+                    "{t:<6} {:>12} {m:>5} {:>10.3} {:>10.3} {:>7.2} {diff:>9.1e}",
+                    format!("{k} -> {n_out}"),
+                    t_candle * 1e3,
+                    t_ours * 1e3,
+                    t_candle / t_ours,
+                );
+                for t in per_kernel {
+                    print!(" {:>10.3}", t * 1e3);
+                }
+                println!();
+            }
         }
     }
     Ok(())

@@ -306,13 +306,15 @@ fn main() -> Result<()> {
         "arch": format!("{:?}", c.arch),
         "file_bytes": file_bytes,
         "threads": a.threads,
+        "isa": radix_models::CpuIsa::active().name(),
         "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").unwrap_or_default(),
         "candle_spin_limit": std::env::var("CANDLE_BARRIER_POOL_SPIN_LIMIT").unwrap_or_default(),
         "reps": a.reps,
         "load_seconds": load_s,
         "kv": {"dtype": a.kv_dtype, "page_size": a.page_size, "pages": pool.num_pages(), "bytes": kv_bytes,
                "budget_mib": a.kv_budget_mib, "touched": a.touch_kv},
-        "rss_kib": {"start": rss_before, "after_load": rss_model, "after_pool": rss_pool, "after_warmup": rss_warm, "peak": peak},
+        "rss_kib": {"start": rss_before, "after_load": rss_model, "after_pool": rss_pool, "after_warmup": rss_warm, "peak": peak,
+                    "file_end": status_kib("RssFile:").unwrap_or(0), "anon_end": status_kib("RssAnon:").unwrap_or(0)},
         "results": results,
     });
     if a.json {

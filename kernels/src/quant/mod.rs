@@ -1,103 +1,83 @@
-//! Quantized matrix multiplication on the CPU: Q8_0 weights times f32 activations, and the
-//! K-quant (Q4_K, Q6_K) experts of mixture-of-experts layers ([`KQuantMatrix`]).
+//! Quantized matrix multiplication on the CPU, llama.cpp ggml-cpu style: one dot product per
+//! weight type and instruction set, weights read in place in GGML's block layout (a `&[u8]`
+//! borrowed from a memory map of the GGUF file, no converted or repacked copy), activations
+//! quantized once per layer input.
 //!
-//! Other K-quant matrices run on candle's kernels: our earlier AVX2 ones were faster alone at
-//! one row but slower in the model, and were removed (benches/README.md, "K-quant kernels";
-//! the last commit that has them is 4fb5aed). The experts' kernel is AVX-512 VNNI, one call
-//! per expert on the calling thread, with activations quantized once per layer.
+//! - Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (against Q8_0 activations) and Q4_K, Q5_K, Q6_K
+//!   (against Q8_K activations) ([`QuantType`]).
+//! - Kernels ([`QuantKernel`]): portable Rust (any target), AVX2 + FMA + F16C, AVX2 with
+//!   256-bit VNNI products, and AVX-512 BW + VNNI (16-row K-quant tiles). `RADIX_CPU_ISA`
+//!   lowers the choice (`kernels/src/cpu.rs`).
+//! - [`LayerInput`] quantizes a layer's input at most once per activation format, for every
+//!   matmul that reads it (q/k/v, gate/up, a MoE layer's experts).
+//! - [`QuantMatrix`] multiplies on the *current* rayon pool (the model's), in tasks of (a tile
+//!   of weight rows, a block of activation rows); [`QuantMatrix::matmul_rows`] takes the rows a
+//!   MoE layer routes to one expert.
 //!
-//! [`Q8_0Matrix`] holds a weight matrix `[n_out, k]` in GGML's Q8_0 format (blocks of 32
-//! int8 values sharing one scale), repacked at load so that one pass over an activation row
-//! serves eight weight rows. [`Q8_0Matrix::matmul`] computes `out = x @ W^T` the way
-//! llama.cpp does: every activation row is quantized to Q8_0 once ([`quantize_block_q8_0`]),
-//! then each block contributes `(sum of int8 products) * scale_w * scale_x` to an f32
-//! accumulator.
-//!
-//! - The integer sums are exact, and every path accumulates the blocks of one output in the
-//!   same order with fused multiply-adds, so the AVX2 path and the portable one give bitwise
-//!   equal results, and so does any number of threads.
-//! - Work is split over tiles of (weight rows x activation rows) on the *current* rayon pool
-//!   (the caller owns a pool and calls `pool.install`), so a weight tile stays in cache while
-//!   a block of activation rows streams past it during prefill, and decode (one row) is
-//!   spread over output rows.
+//! **Batch invariance by construction.** Each output (weight row, activation row) is one f32
+//! accumulator updated block by block, in order, by fused multiply-adds of exact integer sums
+//! and the same scale products (`kernels/src/quant/portable.rs` spells it out). A kernel computes eight or sixteen
+//! such outputs side by side, one per vector lane, and sums the integers however it likes (they
+//! are exact), so every kernel, tile shape, batch size and thread split gives bitwise the same
+//! value: a decode step's row equals the same row in a 512-row prefill.
 //!
 //! ```
-//! use radix_kernels::quant::Q8_0Matrix;
+//! use radix_kernels::quant::{LayerInput, QuantMatrix, QuantType, WeightBytes};
 //!
-//! // Two output rows over k = 32.
-//! let w: Vec<f32> = (0..64).map(|i| if i < 32 { 1.0 } else { -0.5 }).collect();
-//! let m = Q8_0Matrix::quantize(2, 32, &w)?;
+//! // Two Q8_0 rows over k = 32: all ones (scale 1/127 per unit), then all minus halves.
+//! let mut bytes = Vec::new();
+//! for (scale, q) in [(1.0f32 / 127.0, 127i8), (0.5 / 127.0, -127)] {
+//!     bytes.extend_from_slice(&radix_kernels::half::f16::from_f32(scale).to_le_bytes());
+//!     bytes.extend(std::iter::repeat_n(q as u8, 32));
+//! }
+//! let w = QuantMatrix::new(QuantType::Q8_0, 2, 32, WeightBytes::from_vec(bytes))?;
 //! let x = vec![0.25f32; 32];
 //! let mut out = [0.0f32; 2];
-//! m.matmul(&x, &mut out)?;
-//! // Weight scales are stored as f16 (as in GGUF), so the products are close, not exact.
-//! assert!((out[0] - 8.0).abs() < 1e-3 && (out[1] + 4.0).abs() < 1e-3, "{out:?}");
+//! w.matmul(&LayerInput::new(&x, 32)?, &mut out)?;
+//! // Scales are f16 and activations 8-bit, so the products are close, not exact.
+//! assert!((out[0] - 8.0).abs() < 1e-2 && (out[1] + 4.0).abs() < 1e-2, "{out:?}");
 //! # Ok::<(), radix_kernels::KernelError>(())
 //! ```
 
-use crate::cpu;
-
-mod activations;
+mod acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-mod kquant;
-mod matrix;
-mod scalar;
 #[cfg(target_arch = "x86_64")]
-mod vnni;
+mod avx512;
+mod blocks;
+mod kernel;
+mod matrix;
+mod portable;
 
-pub use activations::{QuantizedRows, quantize_block_q8_0};
-pub use kquant::{
-    KQuant, KQuantMatrix, Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, Q8KRows, QK_K, kquant_kernel_is_fast, swiglu,
-};
-pub use matrix::Q8_0Matrix;
+pub use acts::{LayerInput, Q8_0Acts, Q8KActs, quantize_block_q8_0};
+pub use blocks::{ActFormat, Q8_0_BLOCK_BYTES, QK_K, QK8_0, QuantType};
+pub use kernel::QuantKernel;
+pub use matrix::{QuantMatrix, Split, WeightBytes};
 
-/// Values per Q8_0 block.
-pub const QK8_0: usize = 32;
-
-/// Bytes per GGML Q8_0 block: an f16 scale, then 32 int8 values.
-pub const Q8_0_BLOCK_BYTES: usize = 2 + QK8_0;
-
-/// Which implementation of the inner loop a matmul uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Q8Kernel {
-    /// The fastest one this CPU supports.
-    Auto,
-    /// Portable Rust, correct everywhere.
-    Scalar,
-    /// x86_64 AVX2 + FMA.
-    Avx2,
-    /// x86_64 AVX2 + FMA with 8-bit dot products (AVX-VNNI, or AVX-512 VNNI on 256-bit
-    /// vectors).
-    Vnni,
+/// `gate[i] = silu(gate[i]) * up[i]`: the SwiGLU of an MLP's two projections, with the
+/// vectorizing `exp` of the attention kernels (a few ulp from libm's; the same bits on every
+/// path, since the body is the same IEEE operations).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up projections of different sizes");
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        unsafe { swiglu_avx2(gate, up) };
+        return;
+    }
+    swiglu_portable(gate, up);
 }
 
-impl Q8Kernel {
-    /// Whether this CPU can run the kernel.
-    pub fn is_available(self) -> bool {
-        match self {
-            Q8Kernel::Auto | Q8Kernel::Scalar => true,
-            Q8Kernel::Avx2 => cpu::has_avx2_fma(),
-            Q8Kernel::Vnni => cpu::has_vnni_256(),
-        }
-    }
+/// [`swiglu`] compiled for AVX2 so that the portable body vectorizes 8 wide.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    swiglu_portable(gate, up)
+}
 
-    /// `Auto` resolved to a concrete kernel.
-    fn resolve(self) -> Q8Kernel {
-        match self {
-            Q8Kernel::Auto if cpu::has_vnni_256() => Q8Kernel::Vnni,
-            Q8Kernel::Auto if cpu::has_avx2_fma() => Q8Kernel::Avx2,
-            Q8Kernel::Auto => Q8Kernel::Scalar,
-            other => other,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Q8Kernel::Auto => "auto",
-            Q8Kernel::Scalar => "scalar",
-            Q8Kernel::Avx2 => "avx2",
-            Q8Kernel::Vnni => "vnni",
-        }
+#[inline(always)]
+fn swiglu_portable(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + crate::vector::exp_approx(-*g)) * u;
     }
 }

@@ -1,12 +1,13 @@
 //! The token embedding: a table lookup, with quantized rows dequantized only for the tokens
-//! looked up (a tied output head multiplies by the same copy, so it is kept once).
+//! looked up (a tied output head multiplies by the same matrix, so it is kept once: on the CPU
+//! the file's own blocks, read in place).
 
 use std::sync::Arc;
 
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 use radix_kernels::dense::DenseMatrix;
-use radix_kernels::quant::Q8_0Matrix;
+use radix_kernels::quant::QuantMatrix;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -16,10 +17,10 @@ use crate::error::{ModelError, Result};
 pub(crate) enum Embedding {
     /// A dense matrix.
     Dense(Tensor),
-    /// A quantized matrix on candle's kernels.
+    /// A quantized matrix on candle's kernels (a GPU, or a type we have no kernel for).
     Quantized(Arc<QTensor>),
-    /// A Q8_0 matrix shared with the tied output head on our int8 kernel.
-    Q8_0(Arc<Q8_0Matrix>),
+    /// A quantized matrix read in place, shared with a tied output head on our kernels.
+    Quant(Arc<QuantMatrix>),
     /// A float matrix on the CPU, shared with the tied output head on our dense kernel.
     Float(Arc<DenseMatrix>),
 }
@@ -30,7 +31,7 @@ impl Embedding {
         Ok(match self {
             Embedding::Dense(w) => w.index_select(ids, 0)?.to_dtype(DType::F32)?,
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
-            Embedding::Q8_0(m) => {
+            Embedding::Quant(m) => {
                 let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
                 let mut rows = vec![0.0f32; ids.len() * m.k()];
                 for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
@@ -55,7 +56,7 @@ impl Embedding {
         let dims = match self {
             Embedding::Dense(t) => t.dims().to_vec(),
             Embedding::Quantized(q) => q.shape().dims().to_vec(),
-            Embedding::Q8_0(m) => vec![m.n_out(), m.k()],
+            Embedding::Quant(m) => vec![m.n_out(), m.k()],
             Embedding::Float(m) => vec![m.n_out(), m.k()],
         };
         if dims != [config.vocab_size, config.hidden_size] {

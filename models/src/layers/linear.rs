@@ -1,16 +1,18 @@
-//! A linear layer, `x @ W^T (+ b)`, on whichever kernel suits its matrix and device: our int8
-//! kernel for Q8_0 and our batch-invariant float kernel for dense matrices on the CPU, candle's
-//! for other quantized types, cuBLAS in the matrix's own 16-bit type on a GPU. Projections that share an input (q/k/v, gate/up) can
-//! share one quantization of it ([`Linear::forward_shared`]).
+//! A linear layer, `x @ W^T (+ b)`, on whichever kernel suits its matrix and device: on the CPU
+//! radix-kernels' kernels, quantized ones for every GGML type they cover (weights in place) and
+//! the float one for dense matrices, both batch-invariant, with candle's matmul only for
+//! quantized types we have no kernel for; on a GPU candle's quantized kernels, or cuBLAS in the
+//! matrix's own 16-bit type. Projections that share an input (q/k/v, gate/up) share one
+//! quantization of it ([`Linear::forward_shared`]).
 
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 use radix_kernels::dense::DenseMatrix;
-use radix_kernels::quant::Q8_0Matrix;
+use radix_kernels::quant::{LayerInput, QuantMatrix};
 
-use crate::cpu_matmul::host_forward;
+use crate::cpu_matmul::{dense_forward, host_rows, quant_forward};
 use crate::error::Result;
 
 /// A linear layer: `x @ W^T (+ b)`, W dense or quantized.
@@ -23,14 +25,15 @@ pub(crate) struct Linear {
 /// The matrix of a [`Linear`], and whose kernel multiplies by it.
 #[derive(Debug, Clone)]
 pub(crate) enum Weight {
-    /// candle's `QMatMul`: quantized types other than Q8_0 (and dense weights in tests).
+    /// candle's `QMatMul`: quantized matrices on a GPU, quantized types radix-kernels has no
+    /// kernel for (and dense weights in tests).
     Candle(QMatMul),
     /// A float matrix on the CPU on radix-kernels' dense kernel, whose rows never depend on
     /// the batch.
     Float(Arc<DenseMatrix>),
-    /// Q8_0 on radix-kernels' int8 kernel, which is faster than candle's on the CPU for any
-    /// inner size (candle's fast path needs multiples of 256) and runs on the model's pool.
-    Q8_0(Arc<Q8_0Matrix>),
+    /// A quantized matrix on radix-kernels' CPU kernels, read in place (from the memory map of
+    /// the model file), on the model's pool.
+    Quant(Arc<QuantMatrix>),
     /// A dense matrix kept in its own type (bf16/f16 on a GPU): f32 inputs are cast to it for
     /// the matmul (cuBLAS) and the result back to f32.
     Dense(Tensor),
@@ -51,8 +54,11 @@ impl Linear {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::Candle(m) => m.forward(x)?,
-            Weight::Q8_0(m) => host_forward(x, m.k(), m.n_out(), |x, out| m.matmul(x, out))?,
-            Weight::Float(m) => host_forward(x, m.k(), m.n_out(), |x, out| m.matmul(x, out))?,
+            Weight::Quant(m) => {
+                let (rows, dims) = host_rows(x, m.k(), m.n_out())?;
+                quant_forward(m, &LayerInput::new(&rows, m.k())?, dims)?
+            }
+            Weight::Float(m) => dense_forward(m, x)?,
             Weight::Dense(w) => x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(DType::F32)?,
         };
         self.add_bias(y)
@@ -65,13 +71,29 @@ impl Linear {
         })
     }
 
-    /// Applies several layers to the same input, as [`forward`](Self::forward) each. Quantized
-    /// matrices of one type on the CPU share one quantization of `x` to 8 bits and one
-    /// parallel region (candle's fused path, where its CPU kernels have one): q/k/v and
-    /// gate/up each quantized their common input again and synchronised the pool once per
-    /// matrix.
+    /// Applies several layers to the same input, as [`forward`](Self::forward) each. The
+    /// matrices on our kernels share one quantization of `x` per activation format (q/k/v and
+    /// gate/up quantized their common input once per matrix before); candle's quantized
+    /// matrices of one type share candle's fused path where it has one (GPUs).
     pub(crate) fn forward_shared(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
         let mut out: Vec<Option<Tensor>> = vec![None; layers.len()];
+        let quant: Vec<(usize, &Arc<QuantMatrix>)> = layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match &l.weight {
+                Weight::Quant(m) => Some((i, m)),
+                _ => None,
+            })
+            .collect();
+        if let Some(&(_, first)) = quant.first() {
+            let k = first.k();
+            let (rows, mut dims) = host_rows(x, k, k)?;
+            let input = LayerInput::new(&rows, k)?;
+            for &(i, m) in &quant {
+                *dims.last_mut().expect("at least one dim") = m.n_out();
+                out[i] = Some(layers[i].add_bias(quant_forward(m, &input, dims.clone())?)?);
+            }
+        }
         for (i, layer) in layers.iter().enumerate() {
             if out[i].is_some() {
                 continue;
@@ -113,33 +135,45 @@ impl Linear {
             _ => None,
         }
     }
+
+    /// The matrix on our quantized kernels, if it is one.
+    pub(crate) fn quant_matrix(&self) -> Option<&Arc<QuantMatrix>> {
+        match &self.weight {
+            Weight::Quant(m) => Some(m),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use candle_core::Device;
     use candle_core::quantized::GgmlDType;
+    use radix_kernels::quant::WeightBytes;
 
     use super::*;
+    use crate::cpu_matmul::quant_type;
 
-    /// A `[n, k]` matrix of `dtype` quantized from a smooth pattern.
+    /// A `[n, k]` matrix of `dtype` quantized from a smooth pattern, on our kernels.
     fn quantized(n: usize, k: usize, dtype: GgmlDType, seed: f32) -> Linear {
         let w: Vec<f32> = (0..n * k).map(|i| ((i as f32 * 0.37 + seed).sin()) * 0.1).collect();
         let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&t, dtype).unwrap();
-        Linear::new(Weight::Candle(QMatMul::from_qtensor(q).unwrap()))
+        let bytes = WeightBytes::from_vec(q.data().unwrap().into_owned());
+        let m = QuantMatrix::new(quant_type(dtype).unwrap(), n, k, bytes).unwrap();
+        Linear::new(Weight::Quant(Arc::new(m)))
     }
 
-    /// `forward_shared` gives each layer exactly its own `forward`, whichever matrices share
-    /// candle's fused path (same quantized type, shapes its x86 kernels take), with biases,
-    /// mixed types and one row (decode) or many (prefill).
+    /// `forward_shared` gives each layer exactly its own `forward`, whatever mix of types
+    /// (two activation formats), biases and dense matrices shares the input, for one row
+    /// (decode) or many (prefill).
     #[test]
     fn shared_input_projections_equal_separate_ones() {
         let k = 512;
         let mut q = quantized(256, k, GgmlDType::Q4K, 0.0);
         q.bias =
             Some(Tensor::from_vec((0..256).map(|i| i as f32 * 0.01).collect::<Vec<_>>(), 256, &Device::Cpu).unwrap());
-        let kproj = quantized(128, k, GgmlDType::Q4K, 1.0);
+        let kproj = quantized(128, k, GgmlDType::Q5_0, 1.0);
         let v = quantized(128, k, GgmlDType::Q6K, 2.0);
         let dense = Linear::new(Weight::Candle(QMatMul::Tensor(
             Tensor::from_vec((0..64 * k).map(|i| (i as f32 * 0.11).cos()).collect::<Vec<_>>(), (64, k), &Device::Cpu)

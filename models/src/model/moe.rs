@@ -2,11 +2,11 @@
 //! experts, each token's top-k (renormalised where the model says so), the chosen experts'
 //! SwiGLU MLPs weighted by their probabilities, and (Qwen3.5-MoE) a shared expert every token
 //! goes through, scaled by a sigmoid gate. Only experts some token chose run, each once over
-//! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once. On
-//! AVX-512 VNNI CPUs K-quant experts run on radix-kernels' kernel ([`packed`]): one 8-bit
-//! quantization of the input per layer, the experts side by side on the model's pool.
+//! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once. On the
+//! CPU the experts run on radix-kernels' quantized kernels ([`cpu`]): one 8-bit quantization of
+//! the input per layer, the experts side by side on the model's pool.
 
-mod packed;
+mod cpu;
 #[cfg(test)]
 mod tests;
 
@@ -35,9 +35,9 @@ pub(crate) struct SparseMoe {
     norm_topk_prob: bool,
     /// The shared expert and its `[1, hidden]` gate.
     shared: Option<(Mlp, Linear)>,
-    /// The experts repacked for radix-kernels' K-quant kernel; `experts` is then empty (one
-    /// copy of the weights is kept).
-    packed: Option<Vec<packed::PackedExpert>>,
+    /// The experts on radix-kernels' kernels (the same matrices, read in place); `experts` is
+    /// then empty.
+    on_cpu: Option<Vec<cpu::CpuExpert>>,
 }
 
 impl SparseMoe {
@@ -58,8 +58,8 @@ impl SparseMoe {
         let downs = experts_of("ffn_down_exps", "down_proj", [hidden, inner])?;
         let mut experts: Vec<Expert> =
             gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| Expert { gate, up, down }).collect();
-        let packed = packed::pack_experts(&experts)?;
-        if packed.is_some() {
+        let on_cpu = cpu::cpu_experts(&experts);
+        if on_cpu.is_some() {
             experts = Vec::new();
         }
         let shared = match moe.shared_expert_intermediate_size {
@@ -84,7 +84,7 @@ impl SparseMoe {
             experts_per_token: moe.experts_per_token,
             norm_topk_prob: moe.norm_topk_prob,
             shared,
-            packed,
+            on_cpu,
         })
     }
 
@@ -106,8 +106,8 @@ impl SparseMoe {
                 routed[e].1.push(weight);
             }
         }
-        let mut out = match &self.packed {
-            Some(packed) => packed::forward(packed, x, &routed)?,
+        let mut out = match &self.on_cpu {
+            Some(experts) => cpu::forward(experts, x, &routed)?,
             None => self.experts_forward(x, &routed)?,
         };
         if let Some((mlp, gate)) = &self.shared {

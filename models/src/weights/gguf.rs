@@ -1,35 +1,35 @@
-//! GGUF files as llama.cpp's converter lays them out, read through candle's reader: quantized
-//! matrices stay quantized (on the CPU, slow types become Q8_0 on our int8 kernel), and a
-//! corrupt file is an error naming the file rather than a panic inside the reader.
+//! GGUF files as llama.cpp's converter lays them out. The header is read through candle's
+//! reader; the file is memory-mapped, and on the CPU every quantized matrix of a type
+//! radix-kernels multiplies is its blocks in the map, read in place (no copy, no conversion:
+//! the weights are page cache, as llama.cpp's are). Float tensors, quantized types without a
+//! kernel of ours and every tensor bound for a GPU are read through candle. A corrupt file is an
+//! error naming the file rather than a panic inside the reader.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use candle_core::quantized::gguf_file::TensorInfo;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use radix_kernels::quant::{QuantMatrix, WeightBytes};
 
 use super::{Embedded, Target, TensorName, WeightSource};
-use crate::cpu_matmul::{dense_matrix, exact_q8_0, q8_0_matrix};
+use crate::cpu_matmul::{dense_matrix, kernel_note, quant_type};
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear, Weight};
 
-/// An open GGUF file: its header, and the file to read tensors from as layers ask.
+/// An open GGUF file: its header, its mapping, and the file to read other tensors from.
 pub(crate) struct GgufSource {
     path: PathBuf,
     content: gguf_file::Content,
     file: Mutex<File>,
+    /// The whole file, mapped read-only: quantized matrices on the CPU borrow their blocks.
+    map: WeightBytes,
     /// Dequantize every matrix to f32 at load ([`crate::LoadOptions::dequantize_weights`]).
     dequantize: bool,
 }
-
-/// Quantization types whose CPU kernels in candle are scalar or untiled and which Q8_0 cannot
-/// hold exactly (a per-block minimum); requantized to Q8_0 at load. Q5_K is here because
-/// candle's kernel takes one activation row at a time: a Q5_K_M Qwen3-0.6B-shaped model
-/// prefilled 140 tok/s (llama.cpp: 616) and decoded 48; as Q8_0, 412 and 53. Requantizing adds
-/// 6-13% of the file's own quantization error (L2, `requantizing_to_q8_0_adds_little_error`),
-/// under 1% more error in all, and costs memory (8.5 bits per weight instead of 4.5-6).
-const SLOW_CPU_TYPES: [GgmlDType; 3] = [GgmlDType::Q4_1, GgmlDType::Q5_1, GgmlDType::Q5K];
 
 impl GgufSource {
     /// Opens `path` and reads its header.
@@ -45,7 +45,11 @@ impl GgufSource {
                 bad(format!("not a readable GGUF file: the reader failed ({})", why.unwrap_or_default()))
             })?
             .map_err(|e| bad(format!("not a readable GGUF file: {e}")))?;
-        Ok(GgufSource { path: path.to_owned(), content, file: Mutex::new(file), dequantize })
+        // SAFETY: the file is mapped read-only; a model file changed underneath a running server
+        // is outside what we can guard against, as for every mmap-based loader (llama.cpp's too).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| bad(format!("cannot map: {e}")))?;
+        let map = WeightBytes::new(Arc::new(map));
+        Ok(GgufSource { path: path.to_owned(), content, file: Mutex::new(file), map, dequantize })
     }
 
     /// The header, whose metadata gives the model's config.
@@ -63,8 +67,8 @@ impl GgufSource {
         ModelError::MissingTensor { path: self.path.clone(), name: name.gguf().to_owned(), arch }
     }
 
-    /// A tensor as stored, read into `device`'s memory.
-    fn qtensor(&self, name: &TensorName, device: &Device) -> Result<QTensor> {
+    /// A tensor's header entry, with a shape that holds elements.
+    fn info(&self, name: &TensorName) -> Result<&TensorInfo> {
         let gguf_name = name.gguf();
         let Some(info) = self.content.tensor_infos.get(gguf_name) else { return Err(self.missing(name)) };
         let dims = info.shape.dims();
@@ -81,6 +85,46 @@ impl GgufSource {
                 message: format!("tensor `{gguf_name}` has shape {dims:?}, {problem}"),
             });
         }
+        Ok(info)
+    }
+
+    /// A tensor's blocks in the map, if it is a quantized `[rows, k]` (or `[experts, rows, k]`)
+    /// matrix of a type our kernels multiply; `None` for other tensors.
+    fn mapped(&self, name: &TensorName) -> Result<Option<(radix_kernels::quant::QuantType, Vec<usize>, WeightBytes)>> {
+        let info = self.info(name)?;
+        let Some(ty) = quant_type(info.ggml_dtype) else { return Ok(None) };
+        let dims = info.shape.dims().to_vec();
+        let k = *dims.last().expect("a shape with elements has dims");
+        if !(2..=3).contains(&dims.len()) || !k.is_multiple_of(ty.block_values()) {
+            return Ok(None);
+        }
+        let elements: usize = dims.iter().product();
+        let bad = |m: String| ModelError::BadFile { path: self.path.clone(), message: m };
+        let len = elements / ty.block_values() * ty.block_bytes();
+        let start = usize::try_from(self.content.tensor_data_offset.saturating_add(info.offset)).unwrap_or(usize::MAX);
+        let bytes = start
+            .checked_add(len)
+            .and_then(|end| self.map.slice(start..end).ok())
+            .ok_or_else(|| bad(format!("tensor `{}` runs past the end of the file", name.gguf())))?;
+        Ok(Some((ty, dims, bytes)))
+    }
+
+    /// A quantized matrix read in place, if [`mapped`](Self::mapped) finds one.
+    fn quant_matrix(&self, name: &TensorName, to: &mut Target) -> Result<Option<Arc<QuantMatrix>>> {
+        let Some((ty, dims, bytes)) = self.mapped(name)? else { return Ok(None) };
+        let &[n_out, k] = dims.as_slice() else { return Ok(None) };
+        let m = QuantMatrix::new(ty, n_out, k, bytes).map_err(|e| ModelError::BadFile {
+            path: self.path.clone(),
+            message: format!("tensor `{}`: {e}", name.gguf()),
+        })?;
+        to.note(kernel_note());
+        Ok(Some(Arc::new(m)))
+    }
+
+    /// A tensor as stored, read into `device`'s memory.
+    fn qtensor(&self, name: &TensorName, device: &Device) -> Result<QTensor> {
+        let gguf_name = name.gguf();
+        self.info(name)?;
         let mut file = self.file.lock().expect("weight file lock is never poisoned: reads do not panic");
         let q = self.content.tensor(&mut *file, gguf_name, device).map_err(|e| ModelError::BadFile {
             path: self.path.clone(),
@@ -105,18 +149,24 @@ impl WeightSource for GgufSource {
         Ok(self.qtensor(name, &Device::Cpu)?.dequantize(device)?)
     }
 
-    /// On the CPU, slow quantized types become Q8_0 on our kernel; on a GPU, quantized matrices
-    /// stay as stored (candle's GPU kernels) and float ones keep their type.
+    /// On the CPU, quantized matrices of our types are read in place; on a GPU, quantized
+    /// matrices stay as stored (candle's GPU kernels) and float ones keep their type.
     fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
         if self.dequantize {
             return float_weight(self.tensor(name, &shape, &to.device)?);
+        }
+        if to.device.is_cpu()
+            && let Some(m) = self.quant_matrix(name, to)?
+        {
+            return Ok(Weight::Quant(m));
         }
         let q = self.qtensor(name, &to.device)?;
         self.weight_of(q, to)
     }
 
     /// Splits llama.cpp's `[experts, out, in]` tensor into one matrix per expert: each expert's
-    /// blocks are contiguous, so each becomes a tensor of its own bytes, typed as stored.
+    /// blocks are contiguous, so on the CPU each is its range of the map, and elsewhere a tensor
+    /// of its own bytes, typed as stored.
     fn expert_matrices(
         &self,
         stacked: &TensorName,
@@ -125,17 +175,36 @@ impl WeightSource for GgufSource {
         shape: [usize; 2],
         to: &mut Target,
     ) -> Result<Vec<Weight>> {
-        let all = self.qtensor(stacked, &Device::Cpu)?;
         let bad = |m: String| ModelError::BadFile { path: self.path.clone(), message: m };
-        let dims = all.shape().dims().to_vec();
-        if dims != [experts, shape[0], shape[1]] {
-            return Err(bad(format!(
-                "expert tensor `{}` has shape {dims:?}, expected [{experts}, {}, {}]",
-                stacked.gguf(),
-                shape[0],
-                shape[1]
-            )));
+        let check = |dims: &[usize]| {
+            if dims != [experts, shape[0], shape[1]] {
+                return Err(bad(format!(
+                    "expert tensor `{}` has shape {dims:?}, expected [{experts}, {}, {}]",
+                    stacked.gguf(),
+                    shape[0],
+                    shape[1]
+                )));
+            }
+            Ok(())
+        };
+        if to.device.is_cpu()
+            && !self.dequantize
+            && let Some((ty, dims, bytes)) = self.mapped(stacked)?
+        {
+            check(&dims)?;
+            to.note(kernel_note());
+            let per_expert = bytes.len() / experts;
+            return (0..experts)
+                .map(|e| {
+                    let m = QuantMatrix::new(ty, dims[1], dims[2], bytes.slice(e * per_expert..(e + 1) * per_expert)?)
+                        .map_err(|e| bad(format!("tensor `{}`: {e}", stacked.gguf())))?;
+                    Ok(Weight::Quant(Arc::new(m)))
+                })
+                .collect();
         }
+        let all = self.qtensor(stacked, &Device::Cpu)?;
+        check(all.shape().dims())?;
+        let dims = all.shape().dims().to_vec();
         let bytes = all.data()?;
         let per_expert = bytes.len() / experts;
         let mut out = Vec::with_capacity(experts);
@@ -148,9 +217,17 @@ impl WeightSource for GgufSource {
         Ok(out)
     }
 
-    /// On a GPU, quantized rows stay quantized (lookups dequantize the rows they need) and a tied
-    /// head multiplies by that same copy; float ones keep their 16-bit type.
+    /// Quantized rows stay quantized (lookups dequantize the rows they need) and a tied head
+    /// multiplies by that same matrix: on the CPU the file's blocks in place; float ones keep
+    /// their 16-bit type on a GPU.
     fn embedding(&self, name: &TensorName, _shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
+        if to.device.is_cpu()
+            && !self.dequantize
+            && let Some(m) = self.quant_matrix(name, to)?
+        {
+            let tied_head = tied.then(|| Linear::new(Weight::Quant(Arc::clone(&m))));
+            return Ok(Embedded { embedding: Embedding::Quant(m), tied_head });
+        }
         let device = &to.device;
         let q = self.qtensor(name, device)?;
         let float = matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
@@ -165,30 +242,21 @@ impl WeightSource for GgufSource {
             let stored = q.dequantize(device)?.to_dtype(stored_float_type(q.dtype()))?;
             return Ok(Embedded::float(dense_matrix(&stored)?, tied));
         }
-        if !tied {
-            return Ok(Embedded { embedding: Embedding::Quantized(Arc::new(q)), tied_head: None });
-        }
-        if self.dequantize {
+        if self.dequantize && tied {
             let dense = q.dequantize(device)?;
             return Ok(Embedded {
                 embedding: Embedding::Quantized(Arc::new(q)),
                 tied_head: Some(Linear::new(float_weight(dense)?)),
             });
         }
-        // A tied output head multiplies by the embedding every step, so it gets a fast type;
-        // lookups share that one copy rather than keeping a second.
-        let fast = fast_cpu_type(q, to)?;
-        Ok(match q8_0_matrix(&fast, &mut to.notes)? {
-            Some(m) => {
-                Embedded { embedding: Embedding::Q8_0(Arc::clone(&m)), tied_head: Some(Linear::new(Weight::Q8_0(m))) }
-            }
-            None => Embedded::quantized(fast, true)?,
-        })
+        to.note(candle_note(q.dtype()));
+        Embedded::quantized(q, tied)
     }
 }
 
 impl GgufSource {
-    /// A stored matrix in the form that runs fastest on the target device.
+    /// A stored matrix in the form that runs fastest on the target device: on a GPU candle's
+    /// quantized kernels or cuBLAS; on the CPU (types we have no kernel for) candle's.
     fn weight_of(&self, q: QTensor, to: &mut Target) -> Result<Weight> {
         if !to.device.is_cpu() {
             return Ok(match q.dtype() {
@@ -201,16 +269,21 @@ impl GgufSource {
         if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
             return float_weight(q.dequantize(&Device::Cpu)?.to_dtype(stored_float_type(q.dtype()))?);
         }
-        let q = fast_cpu_type(q, to)?;
-        Ok(match q8_0_matrix(&q, &mut to.notes)? {
-            Some(m) => Weight::Q8_0(m),
-            None => Weight::Candle(QMatMul::from_qtensor(q)?),
-        })
+        to.note(candle_note(q.dtype()));
+        Ok(Weight::Candle(QMatMul::from_qtensor(q)?))
     }
 }
 
-/// A float matrix on the CPU: our dense kernel, in the type it comes in.
+/// The load note of a quantized type left to candle's CPU kernels.
+fn candle_note(dtype: GgmlDType) -> String {
+    format!("{dtype:?} weights run on candle's CPU kernels: radix-kernels has no kernel for the type")
+}
+
+/// A float matrix: on the CPU our dense kernel, in the type it comes in; elsewhere candle's.
 fn float_weight(t: Tensor) -> Result<Weight> {
+    if !t.device().is_cpu() {
+        return Ok(Weight::Candle(QMatMul::Tensor(t)));
+    }
     Ok(Weight::Float(dense_matrix(&t)?))
 }
 
@@ -220,47 +293,5 @@ fn stored_float_type(dtype: GgmlDType) -> DType {
         GgmlDType::BF16 => DType::BF16,
         GgmlDType::F16 => DType::F16,
         _ => DType::F32,
-    }
-}
-
-/// Converts a quantized tensor whose candle CPU kernel is slow into Q8_0, which has a fast one
-/// (ours): exactly for Q4_0 and Q5_0, by requantizing for Q4_1 and Q5_1.
-fn fast_cpu_type(q: QTensor, to: &mut Target) -> Result<QTensor> {
-    if let Some(exact) = exact_q8_0(&q)? {
-        to.note(format!("stored {:?} weights as Q8_0 at load, same values (faster CPU matmul)", q.dtype()));
-        return Ok(exact);
-    }
-    let inner = q.shape().dims().last().copied().unwrap_or(0);
-    if SLOW_CPU_TYPES.contains(&q.dtype()) && inner.is_multiple_of(32) {
-        to.note(format!("converted {:?} weights to Q8_0 at load (faster CPU matmul)", q.dtype()));
-        let dense = q.dequantize(&Device::Cpu)?;
-        return Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?);
-    }
-    Ok(q)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// For each type requantized at load, the Q8_0 copy's distance from the file's values is a
-    /// small fraction of the file's own distance from the weights it was made from.
-    #[test]
-    fn requantizing_to_q8_0_adds_little_error() {
-        let (n, k) = (16, 512);
-        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.61).sin() * (0.5 + (i % 29) as f32 / 29.0)).collect();
-        let dense = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
-        let values = |q: &QTensor| q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let dist = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
-        let mut target = Target { device: Device::Cpu, notes: Vec::new() };
-        for dtype in SLOW_CPU_TYPES {
-            let file = QTensor::quantize(&dense, dtype).unwrap();
-            let converted = fast_cpu_type(QTensor::quantize(&dense, dtype).unwrap(), &mut target).unwrap();
-            assert_eq!(converted.dtype(), GgmlDType::Q8_0);
-            let (file_values, q8_values) = (values(&file), values(&converted));
-            let own = dist(&file_values, &w);
-            let added = dist(&q8_values, &file_values);
-            assert!(added <= 0.25 * own, "{dtype:?}: requantizing adds {added:e}, the file's own error is {own:e}");
-        }
     }
 }

@@ -3,16 +3,19 @@
 //! written to and read back from a multi-gigabyte file. The outputs are meaningless; the work per
 //! token is the real model's. Each tensor is made in the shape the layer asking for it expects.
 
+use std::sync::Arc;
+
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor, ggml_file};
 use candle_core::{DType, Device, Tensor};
 use half::f16;
+use radix_kernels::quant::{QuantMatrix, QuantType, WeightBytes};
 use rayon::prelude::*;
 
 use super::{Embedded, Target, TensorName, WeightSource};
 use crate::config::ModelConfig;
 use crate::cpu_matmul::dense_matrix;
 use crate::error::{ModelError, Result};
-use crate::layers::Weight;
+use crate::layers::{Embedding, Linear, Weight};
 use crate::rng::SplitMix64;
 
 /// The type of the random matrices.
@@ -20,7 +23,8 @@ use crate::rng::SplitMix64;
 pub enum RandomFormat {
     /// Dense bf16 (the unquantized checkpoint's type).
     BF16,
-    /// llama.cpp's Q4_K (4.5 bits per weight), run by candle's quantized kernels.
+    /// llama.cpp's Q4_K (4.5 bits per weight): radix-kernels' kernels on the CPU, candle's on a
+    /// GPU.
     Q4K,
 }
 
@@ -59,7 +63,7 @@ impl RandomWeights {
 
     /// Random Q4_K blocks: uniform 6-bit scales and mins and 4-bit values, with `dmin = 7.5 d`
     /// so that weights centre on zero.
-    fn q4k(&self, name: &TensorName, shape: &[usize], device: &Device) -> Result<QTensor> {
+    fn q4k_bytes(&self, name: &TensorName, shape: &[usize]) -> Vec<u8> {
         let blocks = shape.iter().product::<usize>() / 256;
         let mut bytes = vec![0u8; blocks * Q4K_BLOCK_BYTES];
         let seed = self.seed
@@ -76,7 +80,18 @@ impl RandomWeights {
                 block[2..4].copy_from_slice(&dmin);
             }
         });
-        Ok(ggml_file::qtensor_from_ggml(GgmlDType::Q4K, &bytes, shape.to_vec(), device)?)
+        bytes
+    }
+
+    /// Random Q4_K blocks as candle's tensor.
+    fn q4k(&self, name: &TensorName, shape: &[usize], device: &Device) -> Result<QTensor> {
+        Ok(ggml_file::qtensor_from_ggml(GgmlDType::Q4K, &self.q4k_bytes(name, shape), shape.to_vec(), device)?)
+    }
+
+    /// Random Q4_K blocks as a matrix on our CPU kernels.
+    fn q4k_matrix(&self, name: &TensorName, shape: [usize; 2]) -> Result<Arc<QuantMatrix>> {
+        let bytes = WeightBytes::from_vec(self.q4k_bytes(name, &shape));
+        Ok(Arc::new(QuantMatrix::new(QuantType::Q4_K, shape[0], shape[1], bytes)?))
     }
 }
 
@@ -98,6 +113,7 @@ impl WeightSource for RandomWeights {
         Ok(match self.format {
             RandomFormat::BF16 if to.device.is_cpu() => Weight::Float(dense_matrix(&self.bf16(&shape, &to.device)?)?),
             RandomFormat::BF16 => Weight::Dense(self.bf16(&shape, &to.device)?),
+            RandomFormat::Q4K if to.device.is_cpu() => Weight::Quant(self.q4k_matrix(name, shape)?),
             RandomFormat::Q4K => Weight::Candle(QMatMul::from_qtensor(self.q4k(name, &shape, &to.device)?)?),
         })
     }
@@ -108,6 +124,11 @@ impl WeightSource for RandomWeights {
                 Ok(Embedded::float(dense_matrix(&self.bf16(&shape, &to.device)?)?, tied))
             }
             RandomFormat::BF16 => Ok(Embedded::dense(self.bf16(&shape, &to.device)?, tied, Weight::Dense)),
+            RandomFormat::Q4K if to.device.is_cpu() => {
+                let m = self.q4k_matrix(name, shape)?;
+                let tied_head = tied.then(|| Linear::new(Weight::Quant(Arc::clone(&m))));
+                Ok(Embedded { embedding: Embedding::Quant(m), tied_head })
+            }
             RandomFormat::Q4K => Embedded::quantized(self.q4k(name, &shape, &to.device)?, tied),
         }
     }
