@@ -13,6 +13,12 @@ fn argmax(logits: &[f32]) -> u32 {
     logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
 }
 
+/// How far below our top logit transformers' token may be where the two disagree. Our matmuls
+/// quantize activations to 8 bits as llama.cpp's do, which moves logits by ~0.1 here; the
+/// instruction set changes attention's rounding and so which near-ties flip (measured on this
+/// model, AVX-512/AVX2/portable: every disagreement within 0.11, at most 2 of 32 per prompt).
+const NEAR_TIE: f32 = 0.25;
+
 #[test]
 fn greedy_continuations_agree_with_transformers() {
     let model =
@@ -29,8 +35,8 @@ fn greedy_continuations_agree_with_transformers() {
         let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).unwrap();
         assert!(want.len() >= 32);
         let table: Vec<u32> = (0..16).collect();
-        // Teacher-forced: after each reference token, our argmax must name the next one, so one
-        // near-tie cannot derail the comparison of everything after it.
+        // Teacher-forced: after each reference token, our argmax must name the next one, or the
+        // two must be a near-tie, so one near-tie cannot derail the comparison of what follows.
         let mut agree = 0;
         let mut free_running = true;
         let mut common_prefix = 0;
@@ -41,6 +47,11 @@ fn greedy_continuations_agree_with_transformers() {
         for &expected in &want[..32] {
             let ours = argmax(&logits);
             agree += usize::from(ours == expected);
+            let gap = logits[ours as usize] - logits[expected as usize];
+            assert!(
+                gap <= NEAR_TIE,
+                "prompt {c}: transformers' token {expected} is {gap} below our top {ours}: not a near-tie"
+            );
             free_running &= ours == expected;
             common_prefix += usize::from(free_running);
             context.push(expected);
@@ -49,6 +60,6 @@ fn greedy_continuations_agree_with_transformers() {
             logits = model.forward(&step, &mut pool).unwrap().get(0).unwrap().to_vec1::<f32>().unwrap();
         }
         eprintln!("prompt {c}: {agree}/32 agree, free-running greedy matches the first {common_prefix}");
-        assert!(agree >= 31, "prompt {c}: only {agree} of 32 greedy tokens agree with transformers");
+        assert!(agree >= 29, "prompt {c}: only {agree} of 32 greedy tokens agree with transformers");
     }
 }

@@ -102,9 +102,11 @@ impl WeightSource for SafetensorsSource {
         })
     }
 
-    fn embedding(&self, name: &TensorName, shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
+    /// The shape is checked by the caller against the config (`Embedding::check_shape`), whose
+    /// message names the vocabulary.
+    fn embedding(&self, name: &TensorName, _shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         Ok(if to.device.is_cpu() {
-            Embedded::float(dense_matrix(&self.load_matrix(name, shape)?)?, tied)
+            Embedded::float(dense_matrix(&self.load(name, &Device::Cpu)?)?, tied)
         } else {
             Embedded::dense(self.device_matrix(name, &to.device)?, tied, Weight::Dense)
         })
