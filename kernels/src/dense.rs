@@ -30,6 +30,7 @@ use rayon::prelude::*;
 
 use crate::KernelError;
 use crate::cpu;
+use crate::quant::WeightBytes;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -48,7 +49,7 @@ const X_ROWS_PER_TASK: usize = 32;
 const TILE_BYTES: usize = 64 * 1024;
 
 /// A float weight matrix's values, row-major `[n_out, k]`, in the type they were stored in.
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 pub enum DenseWeights {
     /// 32-bit floats.
     F32(Vec<f32>),
@@ -56,14 +57,80 @@ pub enum DenseWeights {
     F16(Vec<f16>),
     /// bfloat16.
     BF16(Vec<bf16>),
+    /// Little-endian values of a type in shared bytes, read in place (a memory-mapped
+    /// safetensors file: no copy, page cache as the file is). Must be aligned to the type.
+    Mapped(FloatType, WeightBytes),
+}
+
+/// The element type of [`DenseWeights::Mapped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatType {
+    /// 32-bit floats.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl FloatType {
+    /// Bytes per value.
+    pub fn size(self) -> usize {
+        match self {
+            FloatType::F32 => 4,
+            FloatType::F16 | FloatType::BF16 => 2,
+        }
+    }
+}
+
+/// The values as a typed slice, whatever holds them.
+#[derive(Clone, Copy)]
+enum View<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
 }
 
 impl DenseWeights {
-    fn len(&self) -> usize {
-        match self {
+    /// How many values: an error for mapped bytes that are not whole aligned values (or on a
+    /// big-endian CPU, where the file's values would read wrong).
+    fn checked_len(&self) -> Result<usize, KernelError> {
+        Ok(match self {
             DenseWeights::F32(w) => w.len(),
             DenseWeights::F16(w) => w.len(),
             DenseWeights::BF16(w) => w.len(),
+            DenseWeights::Mapped(t, bytes) => {
+                let aligned = (bytes.as_slice().as_ptr() as usize).is_multiple_of(t.size());
+                if cfg!(target_endian = "big") || !aligned || !bytes.len().is_multiple_of(t.size()) {
+                    return Err(KernelError::BadShape(format!(
+                        "{} bytes of {t:?} values at an address that is not a multiple of {}",
+                        bytes.len(),
+                        t.size()
+                    )));
+                }
+                bytes.len() / t.size()
+            }
+        })
+    }
+
+    fn view(&self) -> View<'_> {
+        match self {
+            DenseWeights::F32(w) => View::F32(w),
+            DenseWeights::F16(w) => View::F16(w),
+            DenseWeights::BF16(w) => View::BF16(w),
+            DenseWeights::Mapped(t, bytes) => {
+                let b = bytes.as_slice();
+                // SAFETY: `DenseMatrix::new` checked (`checked_len`) that the bytes are whole
+                // values aligned to the type on a little-endian CPU; every bit pattern is a
+                // valid f32/f16/bf16; the bytes live as long as `self` (shared, never written).
+                unsafe {
+                    match t {
+                        FloatType::F32 => View::F32(std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 4)),
+                        FloatType::F16 => View::F16(std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 2)),
+                        FloatType::BF16 => View::BF16(std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 2)),
+                    }
+                }
+            }
         }
     }
 }
@@ -98,7 +165,7 @@ impl DenseKernel {
 }
 
 /// A float weight matrix `[n_out, k]`, for `x @ W^T` with results independent of the batch.
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 pub struct DenseMatrix {
     n_out: usize,
     k: usize,
@@ -112,8 +179,9 @@ impl DenseMatrix {
             return Err(KernelError::BadShape(format!("a dense matrix of {n_out} x {k}")));
         }
         let expected = n_out.checked_mul(k).ok_or_else(|| KernelError::BadShape(format!("{n_out} x {k} overflows")))?;
-        if weights.len() != expected {
-            return Err(KernelError::LengthMismatch { what: "dense weights", expected, actual: weights.len() });
+        let len = weights.checked_len()?;
+        if len != expected {
+            return Err(KernelError::LengthMismatch { what: "dense weights", expected, actual: len });
         }
         Ok(DenseMatrix { n_out, k, weights })
     }
@@ -142,10 +210,10 @@ impl DenseMatrix {
             return Err(KernelError::LengthMismatch { what: "row", expected: self.k, actual: out.len() });
         }
         let range = row * self.k..(row + 1) * self.k;
-        match &self.weights {
-            DenseWeights::F32(w) => out.copy_from_slice(&w[range]),
-            DenseWeights::F16(w) => out.iter_mut().zip(&w[range]).for_each(|(o, v)| *o = v.to_f32()),
-            DenseWeights::BF16(w) => out.iter_mut().zip(&w[range]).for_each(|(o, v)| *o = v.to_f32()),
+        match self.weights.view() {
+            View::F32(w) => out.copy_from_slice(&w[range]),
+            View::F16(w) => out.iter_mut().zip(&w[range]).for_each(|(o, v)| *o = v.to_f32()),
+            View::BF16(w) => out.iter_mut().zip(&w[range]).for_each(|(o, v)| *o = v.to_f32()),
         }
         Ok(())
     }
@@ -206,19 +274,19 @@ impl DenseMatrix {
     fn row_times(&self, x: &[f32], cols: std::ops::Range<usize>, out: &mut [f32], kernel: DenseKernel) {
         let k = self.k;
         let rows = cols.start * k..cols.end * k;
-        match (&self.weights, kernel) {
+        match (self.weights.view(), kernel) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2` is only chosen after checking for AVX2, FMA and F16C.
-            (DenseWeights::F32(w), DenseKernel::Avx2) => unsafe { avx2::rows_f32(x, &w[rows], out) },
+            (View::F32(w), DenseKernel::Avx2) => unsafe { avx2::rows_f32(x, &w[rows], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (DenseWeights::F16(w), DenseKernel::Avx2) => unsafe { avx2::rows_f16(x, &w[rows], out) },
+            (View::F16(w), DenseKernel::Avx2) => unsafe { avx2::rows_f16(x, &w[rows], out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (DenseWeights::BF16(w), DenseKernel::Avx2) => unsafe { avx2::rows_bf16(x, &w[rows], out) },
-            (DenseWeights::F32(w), _) => rows_portable(x, &w[rows], out, |v| v),
-            (DenseWeights::F16(w), _) => rows_portable(x, &w[rows], out, f16::to_f32),
-            (DenseWeights::BF16(w), _) => rows_portable(x, &w[rows], out, bf16::to_f32),
+            (View::BF16(w), DenseKernel::Avx2) => unsafe { avx2::rows_bf16(x, &w[rows], out) },
+            (View::F32(w), _) => rows_portable(x, &w[rows], out, |v| v),
+            (View::F16(w), _) => rows_portable(x, &w[rows], out, f16::to_f32),
+            (View::BF16(w), _) => rows_portable(x, &w[rows], out, bf16::to_f32),
         }
     }
 }
@@ -226,12 +294,18 @@ impl DenseMatrix {
 impl std::fmt::Debug for DenseMatrix {
     // The values would be megabytes of output.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let dtype = match self.weights {
-            DenseWeights::F32(_) => "f32",
-            DenseWeights::F16(_) => "f16",
-            DenseWeights::BF16(_) => "bf16",
+        let dtype = match self.weights.view() {
+            View::F32(_) => "f32",
+            View::F16(_) => "f16",
+            View::BF16(_) => "bf16",
         };
-        f.debug_struct("DenseMatrix").field("n_out", &self.n_out).field("k", &self.k).field("dtype", &dtype).finish()
+        let mapped = matches!(self.weights, DenseWeights::Mapped(..));
+        f.debug_struct("DenseMatrix")
+            .field("n_out", &self.n_out)
+            .field("k", &self.k)
+            .field("dtype", &dtype)
+            .field("mapped", &mapped)
+            .finish()
     }
 }
 

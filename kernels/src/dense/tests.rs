@@ -106,3 +106,49 @@ proptest! {
         }
     }
 }
+
+/// The values' little-endian bytes, at offset `skew` of a buffer aligned to 8 (as a
+/// memory-mapped file holds them).
+fn mapped(w: &DenseMatrix, skew: usize) -> DenseWeights {
+    let (ty, bytes): (FloatType, Vec<u8>) = match w.weights().view() {
+        View::F32(v) => (FloatType::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        View::F16(v) => (FloatType::F16, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        View::BF16(v) => (FloatType::BF16, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
+    // u64 words keep the buffer 8-aligned; `skew` then moves the values off it.
+    let mut words = vec![0u64; (bytes.len() + skew).div_ceil(8)];
+    let buffer: &mut [u8] =
+        // SAFETY: a u64 buffer viewed as its bytes.
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), words.len() * 8) };
+    buffer[skew..skew + bytes.len()].copy_from_slice(&bytes);
+    let owner = WeightBytes::new(std::sync::Arc::new(AlignedBytes(words)));
+    DenseWeights::Mapped(ty, owner.slice(skew..skew + bytes.len()).unwrap())
+}
+
+/// u64 words read as their bytes: an owner whose bytes are 8-aligned.
+struct AlignedBytes(Vec<u64>);
+
+impl AsRef<[u8]> for AlignedBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the words' memory viewed as bytes, for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * 8) }
+    }
+}
+
+#[test]
+fn values_read_in_place_give_the_same_products_and_misaligned_ones_are_refused() {
+    for dtype in 0..3 {
+        let (n_out, k) = (19, 77);
+        let owned = matrix(n_out, k, dtype, 8);
+        let in_place = DenseMatrix::new(n_out, k, mapped(&owned, 0)).unwrap();
+        let x = values(3 * k, 9);
+        for kernel in kernels() {
+            assert_eq!(product(&in_place, &x, kernel, 2), product(&owned, &x, kernel, 2), "dtype {dtype}");
+        }
+        let (mut a, mut b) = (vec![0.0; k], vec![0.0; k]);
+        in_place.row_f32(5, &mut a).unwrap();
+        owned.row_f32(5, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert!(DenseMatrix::new(n_out, k, mapped(&owned, 1)).is_err(), "dtype {dtype}: odd address");
+    }
+}

@@ -1,22 +1,30 @@
 //! A Hugging Face model directory's `*.safetensors` files, memory-mapped, under transformers'
 //! tensor names. Matrices are dense: on the CPU in their stored type on our batch-invariant
-//! kernel, and on a GPU kept in 16 bits (bf16) unless stored as f32.
+//! kernel, read in place from the map (`mapped`; copied only where a tensor's bytes are not
+//! aligned to its type), and on a GPU kept in 16 bits (bf16) unless stored as f32.
+
+mod mapped;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
+use radix_kernels::dense::{DenseMatrix, DenseWeights};
 
 use super::{Embedded, Naming, Target, TensorName, WeightSource};
 use crate::config::Architecture;
 use crate::cpu_matmul::dense_matrix;
 use crate::error::{ModelError, Result};
 use crate::layers::Weight;
+use mapped::MappedTensors;
 
 /// The mapped files of one model directory.
 pub(crate) struct SafetensorsSource {
     dir: PathBuf,
     tensors: MmapedSafetensors,
+    /// The same files mapped again, for float matrices read in place on the CPU.
+    mapped: MappedTensors,
     /// For the message of a missing tensor.
     arch: Architecture,
     /// Checkpoints of Qwen3.5 with its vision tower keep the language model under
@@ -40,8 +48,9 @@ impl SafetensorsSource {
         // server is outside what we can guard against, as for every mmap-based loader.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }
             .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("bad safetensors: {e}") })?;
+        let mapped = MappedTensors::open(&files)?;
         let language_model_prefix = tensors.get("model.language_model.embed_tokens.weight").is_ok();
-        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, arch, language_model_prefix })
+        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, mapped, arch, language_model_prefix })
     }
 
     /// The name `name` is stored under.
@@ -74,6 +83,23 @@ impl SafetensorsSource {
         Ok(t)
     }
 
+    /// A float matrix on the CPU, read in place from the map where its bytes allow (a 2-D f32,
+    /// f16 or bf16 tensor aligned to its type), else copied out; `shape` checked when given.
+    fn host_matrix(&self, name: &TensorName, shape: Option<[usize; 2]>) -> Result<Arc<DenseMatrix>> {
+        if let Some(t) = self.mapped.get(&self.stored_name(name))
+            && let (Some(dtype), &[n_out, k]) = (t.dtype, t.shape.as_slice())
+            && shape.is_none_or(|s| s == [n_out, k])
+            && let Ok(m) = DenseMatrix::new(n_out, k, DenseWeights::Mapped(dtype, t.bytes.clone()))
+        {
+            return Ok(Arc::new(m));
+        }
+        let t = match shape {
+            Some(shape) => self.load_matrix(name, shape)?,
+            None => self.load(name, &Device::Cpu)?,
+        };
+        dense_matrix(&t)
+    }
+
     /// A matrix as a GPU keeps it: f32 if stored so, else bf16 (cuBLAS's fast type).
     fn device_matrix(&self, name: &TensorName, device: &Device) -> Result<Tensor> {
         let t = self.load(name, device)?;
@@ -96,7 +122,7 @@ impl WeightSource for SafetensorsSource {
 
     fn matrix(&self, name: &TensorName, shape: [usize; 2], to: &mut Target) -> Result<Weight> {
         Ok(if to.device.is_cpu() {
-            Weight::Float(dense_matrix(&self.load_matrix(name, shape)?)?)
+            Weight::Float(self.host_matrix(name, Some(shape))?)
         } else {
             Weight::Dense(self.device_matrix(name, &to.device)?)
         })
@@ -106,7 +132,7 @@ impl WeightSource for SafetensorsSource {
     /// message names the vocabulary.
     fn embedding(&self, name: &TensorName, _shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         Ok(if to.device.is_cpu() {
-            Embedded::float(dense_matrix(&self.load(name, &Device::Cpu)?)?, tied)
+            Embedded::float(self.host_matrix(name, None)?, tied)
         } else {
             Embedded::dense(self.device_matrix(name, &to.device)?, tied, Weight::Dense)
         })
