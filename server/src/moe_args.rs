@@ -16,7 +16,9 @@ pub struct MoeArgs {
     cpu_moe: bool,
     /// Keep the MoE weights of the first N layers in host memory and run them on the CPU (as
     /// llama-server's `--n-cpu-moe`, `-ncmoe`).
-    #[arg(long = "n-cpu-moe", value_name = "N")]
+    // Negative numbers are taken as the value, so `--n-cpu-moe -1` is refused as a bad N for
+    // this flag rather than as an unknown argument `-1`.
+    #[arg(long = "n-cpu-moe", value_name = "N", allow_negative_numbers = true)]
     n_cpu_moe: Option<usize>,
 }
 
