@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const SOURCES: [&str; 1] = ["paged_attention"];
+const SOURCES: [&str; 3] = ["paged_attention", "delta_net", "moe"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

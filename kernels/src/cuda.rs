@@ -7,7 +7,12 @@
 //! layer's K and V are candle tensors on the GPU holding `layout.layer_len()` elements.
 //!
 //! A forward pass builds one [`CudaAttentionBatch`] (its page tables and work list uploaded
-//! once) and uses it in every layer.
+//! once) and uses it in every layer. Hybrid and MoE models' other kernels live in
+//! [`delta_net`] (the Gated DeltaNet over a state pool in GPU memory) and [`moe`] (routing and
+//! expert dispatch on the device).
+
+pub mod delta_net;
+pub mod moe;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{

@@ -13,6 +13,8 @@ use rayon::prelude::*;
 
 use crate::error::KernelError;
 
+pub mod device_order;
+
 /// Head geometry of one Gated DeltaNet layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeltaNetShape {
@@ -44,7 +46,7 @@ impl DeltaNetShape {
         self.num_value_heads * self.key_dim * self.value_dim
     }
 
-    fn validate(&self) -> Result<(), KernelError> {
+    pub(crate) fn validate(&self) -> Result<(), KernelError> {
         if self.num_key_heads == 0
             || self.key_dim == 0
             || self.value_dim == 0
@@ -303,6 +305,23 @@ fn sweep_rows(inputs: &RuleInputs, h: usize, kh: usize, s: &mut [f32], out: &mut
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// Scales each `dim`-wide head of `x` to unit L2 norm (with transformers' epsilon), times
+/// `scale`: `x / sqrt(sum x^2 + 1e-6)`, as transformers and the FLA kernels it follows.
+pub fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
+    for head in x.chunks_exact_mut(dim) {
+        let sum: f32 = head.iter().map(|v| v * v).sum();
+        let factor = scale / (sum + 1e-6).sqrt();
+        for v in head {
+            *v *= factor;
+        }
+    }
+}
+
+/// `ln(1 + e^x)`, linear above 20 as torch's softplus.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
 /// The gated delta rule over one sequence's `rows` tokens, continuing from `state`

@@ -12,11 +12,14 @@
 //!   in parallel on the current rayon pool.
 //!
 //! [`delta_net`] has the CPU kernels of Qwen3.5's Gated DeltaNet layers (causal convolution
-//! and the gated delta rule over a per-sequence recurrent state).
+//! and the gated delta rule over a per-sequence recurrent state); [`moe`] the routing rule of
+//! mixture-of-experts layers. Each also has a plain-Rust model of its CUDA kernel
+//! ([`delta_net::device_order`], [`moe::route_device_order`]), tested against the CPU path.
 //!
 //! With feature `cuda`, [`cuda::CudaAttentionBatch`] runs the same two operations on an NVIDIA
 //! GPU over a pool held in GPU memory (our kernels in `cuda/*.cu`, compiled to PTX at build
-//! time). Metal has no kernel of its own yet: radix-models runs attention there with candle
+//! time); [`cuda::delta_net`] the Gated DeltaNet over a state pool in GPU memory and
+//! [`cuda::moe`] the routing and dense expert dispatch. Metal has no kernel of its own yet: radix-models runs attention there with candle
 //! ops over a gathered context.
 //!
 //! ```
@@ -47,6 +50,7 @@ mod element;
 mod error;
 mod gpu_plan;
 mod layout;
+pub mod moe;
 pub mod quant;
 mod vector;
 mod write;

@@ -55,6 +55,10 @@ pub struct LoadOptions {
     /// Run the tensor path (the one GPUs run: candle ops, and attention by gathering the
     /// context) on the CPU too, so the CPU tests cover that code. Slower than the CPU path.
     pub tensor_path: bool,
+    /// MoE models on a GPU: the routed experts of layers `0..cpu_moe_layers` stay in host
+    /// memory and run on the CPU kernels, everything else on the device (llama-server's
+    /// `--n-cpu-moe N`; `usize::MAX` is its `--cpu-moe`). Nothing changes on the CPU.
+    pub cpu_moe_layers: usize,
 }
 
 impl Default for LoadOptions {
@@ -64,6 +68,7 @@ impl Default for LoadOptions {
             dequantize_weights: false,
             device: Device::Cpu,
             tensor_path: false,
+            cpu_moe_layers: 0,
         }
     }
 }
@@ -161,7 +166,8 @@ impl Model {
         // Qwen3.5 checkpoints' norms scale by `1 + w`; llama.cpp's converter folds the 1 into
         // GGUF files.
         let norm_offset = if source.naming() == Naming::Hf && config.arch.is_qwen35() { 1.0 } else { 0.0 };
-        let mut weights = Weights::new(source, device).with_norm_offset(norm_offset);
+        let mut weights =
+            Weights::new(source, device).with_norm_offset(norm_offset).with_host_experts(options.cpu_moe_layers);
         let (embedding, head) = Head::load(&config, &mut weights)?;
         // Not `with_capacity(num_layers)`: an absurd count in a corrupt file must end in a
         // missing-tensor error, not an allocation failure.
@@ -245,10 +251,14 @@ impl Model {
         &self.notes
     }
 
-    /// A state pool of `num_slots` sequences for a hybrid model's recurrent layers (host
-    /// memory on every path).
+    /// A state pool of `num_slots` sequences for a hybrid model's recurrent layers: GPU memory
+    /// on CUDA (where the Gated DeltaNet kernels work on it in place), host memory elsewhere.
     pub fn new_state_pool(&self, num_slots: usize) -> Result<StatePool> {
-        StatePool::new(&self.config, num_slots)
+        if self.device.is_cuda() {
+            StatePool::on_device(&self.config, num_slots, &self.device)
+        } else {
+            StatePool::new(&self.config, num_slots)
+        }
     }
 
     /// Runs the batch's new tokens through the model, writing their K/V into `kv` and attending

@@ -3,18 +3,97 @@
 //! f32. Allocated once from a budget and owned by the engine as pages are: a forward pass reads
 //! and writes the slots its batch names ([`crate::SequenceChunk::state_slot`]) and keeps
 //! nothing. A slot can be copied, so a state can be snapshotted and resumed.
+//!
+//! On a CUDA device the pool is GPU memory (one f32 tensor per layer's conv and SSM state), the
+//! Gated DeltaNet kernels read and write it in place, and a slot is copied device to device;
+//! elsewhere it is host memory (the CPU path's kernels work on it in place).
+
+use candle_core::{Device, Tensor};
 
 use crate::config::{HybridConfig, ModelConfig};
 use crate::error::{ModelError, Result};
+
+/// One state array of every slot: host memory or a flat f32 tensor on a device.
+#[derive(Debug, Clone)]
+pub(crate) enum StateStorage {
+    Host(Vec<f32>),
+    Tensor(Tensor),
+}
+
+impl StateStorage {
+    fn zeros(len: usize, device: Option<&Device>) -> Result<Self> {
+        Ok(match device {
+            None => StateStorage::Host(vec![0.0; len]),
+            Some(d) => StateStorage::Tensor(Tensor::zeros(len, candle_core::DType::F32, d)?),
+        })
+    }
+
+    /// The host values; `None` for a tensor.
+    pub(crate) fn host_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            StateStorage::Host(v) => Some(v),
+            StateStorage::Tensor(_) => None,
+        }
+    }
+
+    /// The tensor; `None` for host values.
+    pub(crate) fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            StateStorage::Host(_) => None,
+            StateStorage::Tensor(t) => Some(t),
+        }
+    }
+
+    /// Copies `len` values from `from` to `to` (device to device for a tensor).
+    fn copy_within(&mut self, from: usize, to: usize, len: usize) -> Result<()> {
+        match self {
+            StateStorage::Host(v) => v.copy_within(from..from + len, to),
+            StateStorage::Tensor(t) => {
+                // candle refuses a slice_set from its own storage: copy the source out first.
+                let part = t.narrow(0, from, len)?.copy()?;
+                t.slice_set(&part, 0, to)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The values `start..start + len`, in host memory.
+    pub(crate) fn read(&self, start: usize, len: usize) -> Result<Vec<f32>> {
+        Ok(match self {
+            StateStorage::Host(v) => v[start..start + len].to_vec(),
+            StateStorage::Tensor(t) => t.narrow(0, start, len)?.to_vec1::<f32>()?,
+        })
+    }
+
+    /// Overwrites the values from `start` on with `values`.
+    pub(crate) fn write(&mut self, start: usize, values: &[f32]) -> Result<()> {
+        match self {
+            StateStorage::Host(v) => v[start..start + values.len()].copy_from_slice(values),
+            StateStorage::Tensor(t) => t.slice_set(&Tensor::new(values, t.device())?, 0, start)?,
+        }
+        Ok(())
+    }
+
+    /// Zeroes `len` values from `start` on.
+    fn clear(&mut self, start: usize, len: usize) -> Result<()> {
+        match self {
+            StateStorage::Host(v) => v[start..start + len].fill(0.0),
+            StateStorage::Tensor(t) => {
+                t.slice_set(&Tensor::zeros(len, candle_core::DType::F32, t.device())?, 0, start)?
+            }
+        }
+        Ok(())
+    }
+}
 
 /// One Gated DeltaNet layer's state of every slot.
 #[derive(Debug, Clone)]
 pub struct LayerState {
     /// `[slots, conv_kernel - 1, conv_channels]`: the last inputs of the convolution, oldest
     /// first.
-    pub(crate) conv: Vec<f32>,
+    pub(crate) conv: StateStorage,
     /// `[slots, value_heads, key_head_dim, value_head_dim]`: the delta rule's state.
-    pub(crate) ssm: Vec<f32>,
+    pub(crate) ssm: StateStorage,
 }
 
 /// Recurrent state slots for a hybrid model.
@@ -28,14 +107,34 @@ pub struct StatePool {
 }
 
 impl StatePool {
-    /// `num_slots` zeroed slots for `config`'s recurrent layers.
+    /// `num_slots` zeroed slots for `config`'s recurrent layers, in host memory.
     pub fn new(config: &ModelConfig, num_slots: usize) -> Result<Self> {
+        Self::allocate(config, num_slots, None)
+    }
+
+    /// Like [`new`](Self::new), as tensors on `device` (GPU memory on CUDA, where the Gated
+    /// DeltaNet kernels work on it in place).
+    pub fn on_device(config: &ModelConfig, num_slots: usize, device: &Device) -> Result<Self> {
+        Self::allocate(config, num_slots, Some(device))
+    }
+
+    fn allocate(config: &ModelConfig, num_slots: usize, device: Option<&Device>) -> Result<Self> {
         let hybrid = hybrid_of(config)?;
         let (conv_len, ssm_len) = (hybrid.conv_state_len(), hybrid.ssm_state_len());
         let layers = (0..hybrid.num_recurrent_layers())
-            .map(|_| LayerState { conv: vec![0.0; num_slots * conv_len], ssm: vec![0.0; num_slots * ssm_len] })
-            .collect();
+            .map(|_| {
+                Ok(LayerState {
+                    conv: StateStorage::zeros(num_slots * conv_len, device)?,
+                    ssm: StateStorage::zeros(num_slots * ssm_len, device)?,
+                })
+            })
+            .collect::<Result<_>>()?;
         Ok(StatePool { conv_len, ssm_len, num_slots, layers })
+    }
+
+    /// Where the pool lives: `None` for host memory.
+    pub fn device(&self) -> Option<&Device> {
+        self.layers.first().and_then(|l| l.conv.tensor()).map(Tensor::device)
     }
 
     /// As many slots as fit in `budget_bytes` (at least one must).
@@ -70,8 +169,8 @@ impl StatePool {
         }
         let (from, to) = (from as usize, to as usize);
         for layer in &mut self.layers {
-            layer.conv.copy_within(from * self.conv_len..(from + 1) * self.conv_len, to * self.conv_len);
-            layer.ssm.copy_within(from * self.ssm_len..(from + 1) * self.ssm_len, to * self.ssm_len);
+            layer.conv.copy_within(from * self.conv_len, to * self.conv_len, self.conv_len)?;
+            layer.ssm.copy_within(from * self.ssm_len, to * self.ssm_len, self.ssm_len)?;
         }
         Ok(())
     }
@@ -81,8 +180,8 @@ impl StatePool {
         self.check(slot)?;
         let slot = slot as usize;
         for layer in &mut self.layers {
-            layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len].fill(0.0);
-            layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len].fill(0.0);
+            layer.conv.clear(slot * self.conv_len, self.conv_len)?;
+            layer.ssm.clear(slot * self.ssm_len, self.ssm_len)?;
         }
         Ok(())
     }
@@ -94,8 +193,8 @@ impl StatePool {
         let slot = slot as usize;
         let mut out = Vec::with_capacity(self.layers.len() * (self.conv_len + self.ssm_len));
         for layer in &self.layers {
-            out.extend_from_slice(&layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len]);
-            out.extend_from_slice(&layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len]);
+            out.extend(layer.conv.read(slot * self.conv_len, self.conv_len)?);
+            out.extend(layer.ssm.read(slot * self.ssm_len, self.ssm_len)?);
         }
         Ok(out)
     }
@@ -115,8 +214,8 @@ impl StatePool {
         let slot = slot as usize;
         for (layer, values) in self.layers.iter_mut().zip(values.chunks_exact(per_layer)) {
             let (conv, ssm) = values.split_at(self.conv_len);
-            layer.conv[slot * self.conv_len..(slot + 1) * self.conv_len].copy_from_slice(conv);
-            layer.ssm[slot * self.ssm_len..(slot + 1) * self.ssm_len].copy_from_slice(ssm);
+            layer.conv.write(slot * self.conv_len, conv)?;
+            layer.ssm.write(slot * self.ssm_len, ssm)?;
         }
         Ok(())
     }
@@ -165,12 +264,27 @@ mod tests {
     #[test]
     fn copy_and_clear_touch_exactly_one_slot() {
         let c = config();
-        let mut pool = StatePool::new(&c, 3).unwrap();
+        for device in [None, Some(Device::Cpu)] {
+            let pool = match &device {
+                None => StatePool::new(&c, 3).unwrap(),
+                Some(d) => StatePool::on_device(&c, 3, d).unwrap(),
+            };
+            assert_eq!(pool.device().is_some(), device.is_some());
+            one_slot_at_a_time(pool);
+        }
+        let per_layer = (3 * 56 + 4 * 8 * 6) * 4;
+        assert_eq!(StatePool::slot_bytes(&c).unwrap(), 3 * per_layer);
+    }
+
+    /// Copy, clear, read and write on `pool` (3 slots of `config()`), whatever its storage.
+    fn one_slot_at_a_time(mut pool: StatePool) {
         assert_eq!(pool.layers.len(), 3, "layers 0-2 recurrent, 3 full attention");
+        let (conv_len, ssm_len) = (pool.conv_len, pool.ssm_len);
         for (l, layer) in pool.layers.iter_mut().enumerate() {
-            for (i, v) in layer.conv.iter_mut().chain(layer.ssm.iter_mut()).enumerate() {
-                *v = (l * 100_000 + i) as f32;
-            }
+            let conv: Vec<f32> = (0..3 * conv_len).map(|i| (l * 100_000 + i) as f32).collect();
+            let ssm: Vec<f32> = (0..3 * ssm_len).map(|i| (l * 100_000 + 3 * conv_len + i) as f32).collect();
+            layer.conv.write(0, &conv).unwrap();
+            layer.ssm.write(0, &ssm).unwrap();
         }
         let (s0, s2) = (pool.read_slot(0).unwrap(), pool.read_slot(2).unwrap());
         pool.copy_slot(0, 1).unwrap();
@@ -184,7 +298,5 @@ mod tests {
         assert_eq!(pool.read_slot(2).unwrap(), s0, "a slot written reads back");
         assert_eq!(pool.read_slot(1).unwrap(), s0);
         assert!(pool.write_slot(2, &s0[1..]).is_err() && pool.write_slot(3, &s0).is_err());
-        let per_layer = (3 * 56 + 4 * 8 * 6) * 4;
-        assert_eq!(StatePool::slot_bytes(&c).unwrap(), 3 * per_layer);
     }
 }

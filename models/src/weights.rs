@@ -163,12 +163,19 @@ pub(crate) struct Weights<'a> {
     to: Target,
     /// Added to every RMSNorm weight (1 for a Qwen3.5 checkpoint's zero-centred norms).
     norm_offset: f32,
+    /// MoE layers below this keep their routed experts in host memory (`--n-cpu-moe`).
+    host_expert_layers: usize,
 }
 
 impl<'a> Weights<'a> {
     /// Loads from `source` onto `device`.
     pub(crate) fn new(source: &'a dyn WeightSource, device: &Device) -> Self {
-        Weights { source, to: Target { device: device.clone(), notes: Vec::new() }, norm_offset: 0.0 }
+        Weights {
+            source,
+            to: Target { device: device.clone(), notes: Vec::new() },
+            norm_offset: 0.0,
+            host_expert_layers: 0,
+        }
     }
 
     /// Adds `offset` to the weight of every RMSNorm loaded from now on.
@@ -176,21 +183,45 @@ impl<'a> Weights<'a> {
         Weights { norm_offset: offset, ..self }
     }
 
-    /// Whose names and conventions the source follows.
-    pub(crate) fn naming(&self) -> Naming {
-        self.source.naming()
+    /// The device the model's weights go to.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(&self) -> &Device {
+        &self.to.device
     }
 
-    /// The matrices of a MoE layer's experts; see [`WeightSource::expert_matrices`].
-    pub(crate) fn expert_linears(
+    /// Keeps the routed experts of layers `0..layers` in host memory when the model loads onto
+    /// another device (llama-server's `--n-cpu-moe`; `usize::MAX` is `--cpu-moe`).
+    pub(crate) fn with_host_experts(self, layers: usize) -> Self {
+        Weights { host_expert_layers: layers, ..self }
+    }
+
+    /// Whether layer `layer`'s routed experts stay in host memory: the model runs elsewhere and
+    /// the layer is one `--cpu-moe`/`--n-cpu-moe` names.
+    pub(crate) fn experts_on_host(&self, layer: usize) -> bool {
+        !self.to.device.is_cpu() && layer < self.host_expert_layers
+    }
+
+    /// The matrices of a MoE layer's experts as the source stores them for the model's device,
+    /// or (`on_host`) for the CPU; see [`WeightSource::expert_matrices`].
+    pub(crate) fn expert_weights(
         &mut self,
         stacked: &TensorName,
         each: &dyn Fn(usize) -> TensorName,
         experts: usize,
         shape: [usize; 2],
-    ) -> Result<Vec<Linear>> {
-        let weights = self.source.expert_matrices(&stacked.weight(), each, experts, shape, &mut self.to)?;
-        Ok(weights.into_iter().map(Linear::new).collect())
+        on_host: bool,
+    ) -> Result<Vec<Weight>> {
+        let device = on_host.then(|| std::mem::replace(&mut self.to.device, Device::Cpu));
+        let weights = self.source.expert_matrices(&stacked.weight(), each, experts, shape, &mut self.to);
+        if let Some(device) = device {
+            self.to.device = device;
+        }
+        weights
+    }
+
+    /// Whose names and conventions the source follows.
+    pub(crate) fn naming(&self) -> Naming {
+        self.source.naming()
     }
 
     /// See [`WeightSource::contains`].

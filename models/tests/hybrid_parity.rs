@@ -120,7 +120,8 @@ fn check_model_on(arch: &str, file: &str, tensor_path: bool, dequantize_weights:
         reference.logits = std::mem::take(&mut reference.logits_q8_0);
     }
     let activations_quantized = quantized && !dequantize_weights;
-    let options = LoadOptions { threads: 2, dequantize_weights, tensor_path, device: Device::Cpu };
+    let options =
+        LoadOptions { threads: 2, dequantize_weights, tensor_path, device: Device::Cpu, ..Default::default() };
     let model = Model::load(&fixture(arch).join(file), &options).unwrap_or_else(|e| panic!("{arch}/{file}: {e}"));
     let mut errors = Vec::new();
     let mut check = |what: &str, _at: (usize, usize), want: &[f32], got: &[f32]| {

@@ -123,7 +123,7 @@ fn check_model_on(
     };
     let where_ = radix_models::device_name(&device);
     let path = fixture(arch).join(file);
-    let options = LoadOptions { threads: 2, dequantize_weights, tensor_path, device };
+    let options = LoadOptions { threads: 2, dequantize_weights, tensor_path, device, ..Default::default() };
     let model = Model::load(&path, &options).unwrap_or_else(|e| panic!("{arch}/{file}: {e}"));
     let mut worst = 0.0f32;
     let mut check = |what: &str, seq: usize, pos: usize, logits: &[f32]| {

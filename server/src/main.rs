@@ -2,6 +2,7 @@
 //! prefix cache. With no subcommand it serves; `template` renders a chat template;
 //! `default-model` fetches the default model and prints its path.
 
+mod moe_args;
 mod sampling_args;
 mod serve;
 mod template_cmd;

@@ -19,6 +19,7 @@ use radix_serve::kv_budget::{KvRequest, available_host_memory};
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
 use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
+use crate::moe_args::MoeArgs;
 use crate::sampling_args::SamplingArgs;
 
 /// Options of the server; names follow llama-server's where they mean the same.
@@ -131,6 +132,8 @@ pub struct ServeArgs {
     max_queue: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    moe: MoeArgs,
 }
 
 impl ServeArgs {
@@ -140,10 +143,12 @@ impl ServeArgs {
     }
 }
 
-/// llama-server spells some flags with two letters after one dash; clap takes one.
+/// llama-server spells some flags with several letters after one dash; clap takes one.
 pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     args.map(|a| match a.as_str() {
         "-np" => "--parallel".to_owned(),
+        "-cmoe" => "--cpu-moe".to_owned(),
+        "-ncmoe" => "--n-cpu-moe".to_owned(),
         _ => a,
     })
     .collect()
@@ -259,10 +264,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let device = parse_device(&args.device).with_context(|| format!("--device {}", args.device))?;
-    let options = LoadOptions { threads, device, tensor_path: args.tensor_path, ..LoadOptions::default() };
+    let on_cpu = device.is_cpu();
+    let cpu_moe_layers = args.moe.cpu_moe_layers();
+    let options =
+        LoadOptions { threads, device, tensor_path: args.tensor_path, cpu_moe_layers, ..LoadOptions::default() };
     let model = Model::load_with_progress(files.path(), &options, &mut bar)
         .with_context(|| format!("cannot load {}", files.path().display()))?;
-    for note in model.load_notes() {
+    for note in model.load_notes().iter().cloned().chain(args.moe.note(on_cpu, model.config())) {
         eprintln!("radix-serve: {note}");
     }
     let sampling = args.sampling.defaults(model.recommended_sampling())?;

@@ -84,3 +84,31 @@ fn the_context_asked_for_is_the_context_served() {
     let props = server.get("/props");
     assert_eq!(props["default_generation_settings"]["n_ctx"], 16384, "{props}");
 }
+
+/// llama-server's expert-offload flags are accepted (with their short spellings) and, on the
+/// CPU, change nothing and say so in the log; a bad value is a CLI error naming the flag. The
+/// server is stopped right after loading by an unrelated start-up error (`--cache-disk` without
+/// `--cache-dir`), which comes after the load notes.
+#[test]
+fn expert_offload_flags_are_accepted_on_the_cpu() {
+    let model = asset("smollm2");
+    for flags in [&["--cpu-moe"][..], &["-ncmoe", "3"], &["--n-cpu-moe=2", "-cmoe"]] {
+        let out = Command::new(common::binary())
+            .args(["--port", "0", "--cache-disk", "1", "-m"])
+            .arg(&model)
+            .args(flags)
+            .output()
+            .expect("radix-serve runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}: the --cache-disk error stops it");
+        assert!(stderr.contains("the model runs on the CPU, where its experts are already"), "{flags:?}:\n{stderr}");
+        assert!(stderr.contains("--cache-disk needs --cache-dir"), "{flags:?}: the load went on:\n{stderr}");
+    }
+    let out = Command::new(common::binary())
+        .args(["--port", "0", "--n-cpu-moe", "many", "-m"])
+        .arg(&model)
+        .output()
+        .expect("radix-serve runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--n-cpu-moe"), "{stderr}");
+}

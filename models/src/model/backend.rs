@@ -41,6 +41,9 @@ pub(crate) struct ForwardContext<'a> {
     /// `1 / sqrt(head_dim)`.
     scale: f32,
     backend: Backend<'a>,
+    /// Hybrid models on CUDA: the pass's sequences for the Gated DeltaNet kernels, uploaded once.
+    #[cfg(feature = "cuda")]
+    recurrent: Option<radix_kernels::cuda::delta_net::CudaRecurrentBatch>,
 }
 
 /// Where the pass keeps its rows and K/V.
@@ -90,7 +93,29 @@ impl<'a> ForwardContext<'a> {
             let (slots, seqs) = (batch.slots(layout.page_size), batch.attention_sequences());
             Backend::Host(HostPlan { rope, angles, slots, seqs, layout })
         };
-        Ok(ForwardContext { heads, chunks: &batch.sequences, scale: 1.0 / (config.head_dim as f32).sqrt(), backend })
+        #[cfg(feature = "cuda")]
+        let recurrent = match config.hybrid.is_some() && tensor_path && device.is_cuda() {
+            true => Some(radix_kernels::cuda::delta_net::CudaRecurrentBatch::new(
+                device,
+                batch.tokens.len(),
+                &recurrent_sequences(&batch.sequences)?,
+            )?),
+            false => None,
+        };
+        Ok(ForwardContext {
+            heads,
+            chunks: &batch.sequences,
+            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            backend,
+            #[cfg(feature = "cuda")]
+            recurrent,
+        })
+    }
+
+    /// Hybrid models on CUDA: the pass's sequences as the Gated DeltaNet kernels take them.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn recurrent_batch(&self) -> Option<&radix_kernels::cuda::delta_net::CudaRecurrentBatch> {
+        self.recurrent.as_ref()
     }
 
     /// The batch's sequences, in row order.
@@ -179,7 +204,53 @@ impl DeviceKernel {
     }
 }
 
+/// The batch's sequences as the Gated DeltaNet kernels read them: rows, state slot, and a zero
+/// start for a chunk at position 0.
+#[cfg(any(feature = "cuda", test))]
+fn recurrent_sequences(
+    chunks: &[SequenceChunk],
+) -> Result<Vec<radix_kernels::delta_net::device_order::RecurrentSequence>> {
+    chunks
+        .iter()
+        .map(|c| {
+            let slot = c
+                .state_slot
+                .ok_or_else(|| ModelError::Batch("a sequence of a hybrid model's batch has no state slot".into()))?;
+            Ok(radix_kernels::delta_net::device_order::RecurrentSequence {
+                first_row: c.start,
+                rows: c.len,
+                slot: slot as usize,
+                fresh: c.context_len == c.len,
+            })
+        })
+        .collect()
+}
+
 /// A pool that is not where the pass runs ([`crate::Model::forward`] checks this first).
 fn pool_mismatch(pool: &str, path: &str) -> ModelError {
     ModelError::KvPool(format!("the pool is in {pool} but the model runs the {path} path"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk at position 0 starts from zero; a continuing chunk and a decode step from their
+    /// slots; a sequence without a slot is an error, not a launch.
+    #[test]
+    fn chunks_become_the_kernels_sequences() {
+        let chunk = |start, len, context_len, state_slot| SequenceChunk {
+            start,
+            len,
+            context_len,
+            page_table: Vec::new(),
+            logits: true,
+            state_slot,
+        };
+        let seqs = recurrent_sequences(&[chunk(0, 5, 5, Some(3)), chunk(5, 4, 20, Some(0)), chunk(9, 1, 31, Some(7))])
+            .unwrap();
+        let words: Vec<[u32; 4]> = seqs.iter().map(|s| s.words()).collect();
+        assert_eq!(words, [[0, 5, 3, 1], [5, 4, 0, 0], [9, 1, 7, 0]]);
+        assert!(recurrent_sequences(&[chunk(0, 1, 1, None)]).is_err());
+    }
 }

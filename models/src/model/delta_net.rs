@@ -1,13 +1,14 @@
 //! Qwen3.5's Gated DeltaNet layer (linear attention): projections to q/k/v, the output gate z,
 //! beta and the decay input a; a depthwise causal convolution with SiLU over q/k/v; L2-normed
 //! q and k; the gated delta rule on each sequence's recurrent state; an RMSNorm of each value
-//! head gated by SiLU(z); the output projection. The recurrence runs on radix-kernels' CPU
-//! kernels over the engine's [`crate::StatePool`]; on the tensor path the rows travel through
-//! host memory for it (the state pool lives there).
+//! head gated by SiLU(z); the output projection. The recurrence runs over the engine's
+//! [`crate::StatePool`]: on CUDA (a pool in GPU memory) on radix-kernels' CUDA kernels, with no
+//! copy to the host; elsewhere on its CPU kernels (on the CPU tensor path and Metal the rows
+//! travel through host memory for it, and for a pool of tensors each sequence's state too).
 
 use candle_core::{Device, Tensor};
 use candle_nn::ops::sigmoid;
-use radix_kernels::delta_net::{DeltaNetShape, causal_conv1d_silu, gated_delta_rule};
+use radix_kernels::delta_net::{DeltaNetShape, causal_conv1d_silu, gated_delta_rule, l2_normalize, softplus};
 
 use super::backend::ForwardContext;
 use crate::config::{HybridConfig, ModelConfig, ValueHeadOrder};
@@ -32,6 +33,9 @@ pub(crate) struct GatedDeltaNet {
     norm: RmsNorm,
     out: Linear,
     shape: DeltaNetShape,
+    /// The convolution weight, decay rates and dt biases on a CUDA device, for its kernels.
+    #[cfg(feature = "cuda")]
+    device_params: Option<[Tensor; 3]>,
 }
 
 impl GatedDeltaNet {
@@ -68,7 +72,18 @@ impl GatedDeltaNet {
         };
         let dt_bias = per_head(w.host_tensor(&name("ssm_dt.bias", "linear_attn.dt_bias"), &[nv])?, "dt_bias")?;
         let norm_weight = w.tensor(&name("ssm_norm", "linear_attn.norm").weight(), &[dv])?;
+        #[cfg(feature = "cuda")]
+        let device_params = match w.device() {
+            d if d.is_cuda() => Some([
+                Tensor::from_slice(&conv, conv.len(), d)?,
+                Tensor::from_slice(&neg_decay_rate, nv, d)?,
+                Tensor::from_slice(&dt_bias, nv, d)?,
+            ]),
+            _ => None,
+        };
         Ok(GatedDeltaNet {
+            #[cfg(feature = "cuda")]
+            device_params,
             qkv: w.linear(&name("attn_qkv", "linear_attn.in_proj_qkv"), [channels, hidden], false)?,
             z: w.linear(&name("attn_gate", "linear_attn.in_proj_z"), [nv * dv, hidden], false)?,
             b: w.linear(&name("ssm_beta", "linear_attn.in_proj_b"), [nv, hidden], false)?,
@@ -95,10 +110,58 @@ impl GatedDeltaNet {
         let n = x.dim(0)?;
         let [qkv, z, b, a]: [Tensor; 4] =
             Linear::forward_shared(&[&self.qkv, &self.z, &self.b, &self.a], x)?.try_into().expect("four projections");
+        let DeltaNetShape { num_value_heads: nv, value_dim: dv, .. } = self.shape;
+        let core = match (state.conv.host_mut(), state.ssm.host_mut()) {
+            (Some(conv), Some(ssm)) => {
+                let core = self.core_on_host(&qkv, &a, &b, ctx, &mut HostState::Slices { conv, ssm })?;
+                Tensor::from_vec(core, (n, nv, dv), &Device::Cpu)?.to_device(x.device())?
+            }
+            _ => self.core_on_pool_tensors(&qkv, &a, &b, ctx, state)?.reshape((n, nv, dv))?,
+        };
+        let gated = (self.norm.forward(&core)? * z.reshape((n, nv, dv))?.silu()?)?;
+        self.out.forward(&gated.reshape((n, nv * dv))?)
+    }
+
+    /// The convolution and the delta rule over a pool of tensors: on CUDA our kernels, in place
+    /// in GPU memory; elsewhere (the CPU tests' pool of tensors) each sequence's state through
+    /// host memory. `[rows, value heads * value_dim]` on the rows' device.
+    fn core_on_pool_tensors(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        ctx: &ForwardContext,
+        state: &mut LayerState,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let (Some(batch), Some([conv_w, rate, bias])) = (ctx.recurrent_batch(), &self.device_params) {
+            let (Some(conv_state), Some(ssm_state)) = (state.conv.tensor(), state.ssm.tensor()) else {
+                return Err(ModelError::KvPool("the state pool is in host memory but the pass runs on CUDA".into()));
+            };
+            let mixed = batch.conv(qkv, conv_w, self.conv_kernel, conv_state)?;
+            return Ok(batch.rule(&self.shape, &mixed, a, b, rate, bias, ssm_state)?);
+        }
+        let core = self.core_on_host(qkv, a, b, ctx, &mut HostState::Pool(state))?;
+        let n = qkv.dim(0)?;
+        Ok(Tensor::from_vec(core, (n, self.shape.num_value_heads * self.shape.value_dim), &Device::Cpu)?
+            .to_device(qkv.device())?)
+    }
+
+    /// The convolution and the delta rule on radix-kernels' CPU kernels, each sequence on its
+    /// slot of `state`: `[rows, value heads, value_dim]` in host memory.
+    fn core_on_host(
+        &self,
+        qkv: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        ctx: &ForwardContext,
+        state: &mut HostState,
+    ) -> Result<Vec<f32>> {
+        let n = qkv.dim(0)?;
         let DeltaNetShape { num_key_heads: nk, num_value_heads: nv, key_dim: dk, value_dim: dv, .. } = self.shape;
         let channels = 2 * nk * dk + nv * dv;
         let qkv = qkv.flatten_all()?.to_vec1::<f32>()?;
-        let beta = sigmoid(&b)?.flatten_all()?.to_vec1::<f32>()?;
+        let beta = sigmoid(b)?.flatten_all()?.to_vec1::<f32>()?;
         let decay_in = a.flatten_all()?.to_vec1::<f32>()?;
         let (conv_len, ssm_len) = ((self.conv_kernel - 1) * channels, self.shape.state_len());
         let mut core = vec![0.0f32; n * nv * dv];
@@ -107,8 +170,17 @@ impl GatedDeltaNet {
                 .state_slot
                 .ok_or_else(|| ModelError::Batch("a sequence of a hybrid model's batch has no state slot".into()))?
                 as usize;
-            let conv_state = &mut state.conv[slot * conv_len..(slot + 1) * conv_len];
-            let ssm_state = &mut state.ssm[slot * ssm_len..(slot + 1) * ssm_len];
+            let mut copies: Option<(Vec<f32>, Vec<f32>)> = None;
+            let (conv_state, ssm_state): (&mut [f32], &mut [f32]) = match state {
+                HostState::Slices { conv, ssm } => {
+                    (&mut conv[slot * conv_len..(slot + 1) * conv_len], &mut ssm[slot * ssm_len..(slot + 1) * ssm_len])
+                }
+                HostState::Pool(pool) => {
+                    let (c, s) = copies
+                        .insert((pool.conv.read(slot * conv_len, conv_len)?, pool.ssm.read(slot * ssm_len, ssm_len)?));
+                    (c, s)
+                }
+            };
             if chunk.context_len == chunk.len {
                 conv_state.fill(0.0);
                 ssm_state.fill(0.0);
@@ -136,26 +208,18 @@ impl GatedDeltaNet {
             let out = &mut core[rows.start * nv * dv..rows.end * nv * dv];
             let beta = &beta[rows.start * nv..rows.end * nv];
             gated_delta_rule(&self.shape, &q, &k, &v, &g, beta, ssm_state, out)?;
+            if let (Some((c, s)), HostState::Pool(pool)) = (&copies, &mut *state) {
+                pool.conv.write(slot * conv_len, c)?;
+                pool.ssm.write(slot * ssm_len, s)?;
+            }
         }
-        let core = Tensor::from_vec(core, (n, nv, dv), &Device::Cpu)?.to_device(x.device())?;
-        let gated = (self.norm.forward(&core)? * z.reshape((n, nv, dv))?.silu()?)?;
-        self.out.forward(&gated.reshape((n, nv * dv))?)
+        Ok(core)
     }
 }
 
-/// Scales each `dim`-wide head of `x` to unit L2 norm (with transformers' epsilon), times
-/// `scale`.
-fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
-    for head in x.chunks_exact_mut(dim) {
-        let sum: f32 = head.iter().map(|v| v * v).sum();
-        let factor = scale / (sum + 1e-6).sqrt();
-        for v in head {
-            *v *= factor;
-        }
-    }
-}
-
-/// `ln(1 + e^x)`, linear above 20 as torch's softplus.
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+/// Where [`GatedDeltaNet::core_on_host`] finds each sequence's state: the host pool's slices
+/// (worked on in place), or a pool of tensors (each slot copied out and back).
+enum HostState<'a> {
+    Slices { conv: &'a mut [f32], ssm: &'a mut [f32] },
+    Pool(&'a mut LayerState),
 }

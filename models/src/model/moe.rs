@@ -4,9 +4,14 @@
 //! goes through, scaled by a sigmoid gate. Only experts some token chose run, each once over
 //! all the rows routed to it, so a prefill chunk reads each chosen expert's weights once. On the
 //! CPU the experts run on radix-kernels' quantized kernels ([`cpu`]): one 8-bit quantization of
-//! the input per layer, the experts side by side on the model's pool.
+//! the input per layer, the experts side by side on the model's pool. On CUDA the routing and
+//! the experts run on the device without a host round trip ([`device`]); with
+//! `--cpu-moe`/`--n-cpu-moe` a layer's experts stay in host memory on those same CPU kernels
+//! while the rest of the layer runs on the GPU.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod device;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +23,18 @@ use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::layers::Linear;
 use crate::weights::{TensorName, Weights};
+
+/// Where a layer's routed experts run, when not where the rest of the model does.
+pub(crate) enum ExpertPlacement {
+    /// On the model's device, per expert (`experts`, or `on_cpu` on the CPU).
+    WithModel,
+    /// In host memory on the CPU kernels while the model runs on a GPU (`--cpu-moe`): the
+    /// layer's input goes to the host for them and their sum comes back.
+    Host,
+    /// Stacked on the CUDA device for the indexed kernels (`experts` is then empty).
+    #[cfg(feature = "cuda")]
+    Device(Box<device::DeviceExperts>),
+}
 
 /// One expert's SwiGLU MLP.
 struct Expert {
@@ -38,6 +55,8 @@ pub(crate) struct SparseMoe {
     /// The experts on radix-kernels' kernels (the same matrices, read in place); `experts` is
     /// then empty.
     on_cpu: Option<Vec<cpu::CpuExpert>>,
+    /// Where the routed experts run.
+    placement: ExpertPlacement,
 }
 
 impl SparseMoe {
@@ -50,14 +69,39 @@ impl SparseMoe {
         let each = |gguf: &'static str, proj: &'static str| {
             move |e: usize| TensorName::layer(layer, &format!("{gguf}.{e}"), &format!("mlp.experts.{e}.{proj}"))
         };
+        let on_host = w.experts_on_host(layer);
         let mut experts_of = |gguf: &'static str, proj: &'static str, shape: [usize; 2]| {
-            w.expert_linears(&name(gguf, &format!("mlp.experts.{proj}")), &each(gguf, proj), n, shape)
+            w.expert_weights(&name(gguf, &format!("mlp.experts.{proj}")), &each(gguf, proj), n, shape, on_host)
         };
         let gates = experts_of("ffn_gate_exps", "gate_proj", [inner, hidden])?;
         let ups = experts_of("ffn_up_exps", "up_proj", [inner, hidden])?;
         let downs = experts_of("ffn_down_exps", "down_proj", [hidden, inner])?;
-        let mut experts: Vec<Expert> =
-            gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| Expert { gate, up, down }).collect();
+        let placement = match on_host {
+            true => ExpertPlacement::Host,
+            #[cfg(feature = "cuda")]
+            false => match device::DeviceExperts::stack(&gates, &ups, &downs)? {
+                Some(stacked) => ExpertPlacement::Device(Box::new(stacked)),
+                None => ExpertPlacement::WithModel,
+            },
+            #[cfg(not(feature = "cuda"))]
+            false => ExpertPlacement::WithModel,
+        };
+        let mut experts: Vec<Expert> = match placement {
+            #[cfg(feature = "cuda")]
+            ExpertPlacement::Device(_) => Vec::new(),
+            _ => gates
+                .into_iter()
+                .zip(ups)
+                .zip(downs)
+                .map(|((gate, up), down)| Expert {
+                    gate: Linear::new(gate),
+                    up: Linear::new(up),
+                    down: Linear::new(down),
+                })
+                .collect(),
+        };
+        // Experts loaded for the CPU (the model's device, or the host under `--cpu-moe`) are
+        // read in place by our kernels when they are of a type those cover.
         let on_cpu = cpu::cpu_experts(&experts);
         if on_cpu.is_some() {
             experts = Vec::new();
@@ -85,36 +129,50 @@ impl SparseMoe {
             norm_topk_prob: moe.norm_topk_prob,
             shared,
             on_cpu,
+            placement,
         })
     }
 
     /// `[rows, hidden]` to `[rows, hidden]`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let probs = candle_nn::ops::softmax_last_dim(&self.router.forward(x)?)?.to_dtype(DType::F32)?;
-        let probs = probs.to_vec2::<f32>()?;
-        // For each expert, the rows routed to it and their weights.
-        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.num_experts];
-        for (row, p) in probs.iter().enumerate() {
-            let mut order: Vec<usize> = (0..p.len()).collect();
-            // torch.topk: the largest first; equal probabilities keep the lower index first.
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-            let chosen = &order[..self.experts_per_token];
-            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
-            for &e in chosen {
-                let weight = if self.norm_topk_prob { p[e] / total } else { p[e] };
-                routed[e].0.push(row as u32);
-                routed[e].1.push(weight);
-            }
-        }
-        let mut out = match &self.on_cpu {
-            Some(experts) => cpu::forward(experts, x, &routed)?,
-            None => self.experts_forward(x, &routed)?,
-        };
+        let mut out = self.routed_forward(x)?;
         if let Some((mlp, gate)) = &self.shared {
             let scale = sigmoid(&gate.forward(x)?)?;
             out = (out + mlp.forward(x)?.broadcast_mul(&scale)?)?;
         }
         Ok(out)
+    }
+
+    /// The routed experts' weighted sum, `[rows, hidden]` on the rows' device.
+    fn routed_forward(&self, x: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let ExpertPlacement::Device(experts) = &self.placement {
+            return experts.forward(&self.router, x, self.experts_per_token, self.norm_topk_prob);
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&self.router.forward(x)?)?.to_dtype(DType::F32)?;
+        let probs = probs.to_vec2::<f32>()?;
+        // For each expert, the rows routed to it and their weights.
+        let mut routed: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); self.num_experts];
+        for (row, p) in probs.iter().enumerate() {
+            let chosen = radix_kernels::moe::top_k(p, self.experts_per_token);
+            let total: f32 = chosen.iter().map(|&e| p[e]).sum();
+            for &e in &chosen {
+                let weight = if self.norm_topk_prob { p[e] / total } else { p[e] };
+                routed[e].0.push(row as u32);
+                routed[e].1.push(weight);
+            }
+        }
+        // Experts kept in host memory while the model runs on a GPU: their rows go there.
+        let host_x = match self.placement {
+            ExpertPlacement::Host if !x.device().is_cpu() => Some(x.to_device(&candle_core::Device::Cpu)?),
+            _ => None,
+        };
+        let xs = host_x.as_ref().unwrap_or(x);
+        let out = match &self.on_cpu {
+            Some(experts) => cpu::forward(experts, xs, &routed)?,
+            None => self.experts_forward(xs, &routed)?,
+        };
+        Ok(if host_x.is_some() { out.to_device(x.device())? } else { out })
     }
 
     /// The weighted sum of each row's experts on candle's matmuls, `[rows, hidden]`.

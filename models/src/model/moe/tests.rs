@@ -64,6 +64,7 @@ fn experts_on_our_kernels_equal_candle_experts() {
         norm_topk_prob: true,
         shared: None,
         on_cpu,
+        placement: ExpertPlacement::WithModel,
     };
     // Each row's experts and weights, as a router would choose them.
     let routed_for = |rows: usize| {
