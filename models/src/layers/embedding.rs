@@ -31,22 +31,8 @@ impl Embedding {
         Ok(match self {
             Embedding::Dense(w) => w.index_select(ids, 0)?.to_dtype(DType::F32)?,
             Embedding::Quantized(q) => q.embedding(ids)?.to_dtype(DType::F32)?,
-            Embedding::Quant(m) => {
-                let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
-                let mut rows = vec![0.0f32; ids.len() * m.k()];
-                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
-                    m.dequantize_row(id as usize, row)?;
-                }
-                Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
-            }
-            Embedding::Float(m) => {
-                let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
-                let mut rows = vec![0.0f32; ids.len() * m.k()];
-                for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(m.k())) {
-                    m.row_f32(id as usize, row)?;
-                }
-                Tensor::from_vec(rows, (ids.len(), m.k()), &Device::Cpu)?
-            }
+            Embedding::Quant(m) => lookup(ids, m.k(), |id, row| m.dequantize_row(id, row))?,
+            Embedding::Float(m) => lookup(ids, m.k(), |id, row| m.row_f32(id, row))?,
         })
     }
 
@@ -67,4 +53,18 @@ impl Embedding {
         }
         Ok(())
     }
+}
+
+/// `[ids, k]` f32: each id's row written by `row_of` (which checks the id).
+fn lookup(
+    ids: &Tensor,
+    k: usize,
+    row_of: impl Fn(usize, &mut [f32]) -> std::result::Result<(), radix_kernels::KernelError>,
+) -> Result<Tensor> {
+    let ids = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
+    let mut rows = vec![0.0f32; ids.len() * k];
+    for (&id, row) in ids.iter().zip(rows.chunks_exact_mut(k)) {
+        row_of(id as usize, row)?;
+    }
+    Ok(Tensor::from_vec(rows, (ids.len(), k), &Device::Cpu)?)
 }
