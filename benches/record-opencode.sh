@@ -19,7 +19,7 @@ mkdir -p "$(dirname "$out")"
 rm -f "$out"
 log() { echo "record-opencode: $*" >&2; }
 
-cargo build --release -p radix-serve --bin radix-serve >&2
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 server="$target_dir/release/radix-serve"
 opencode=$(scripts/assets.sh path opencode)

@@ -23,7 +23,7 @@ case "$model" in
   *) f=$(scripts/bench-model.sh "$model") ;;
 esac
 log "building radix-serve (release)"
-cargo build --release -p radix-serve --bin radix-serve >&2
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
 

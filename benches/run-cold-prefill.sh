@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 log() { echo "run-cold-prefill: $*" >&2; }
 
 log "building radix-serve (release)"
-cargo build --release -p radix-serve --bin radix-serve >&2
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 log "locating/building llama.cpp"
 llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)

@@ -48,7 +48,8 @@ mkdir -p "$OUT"
 log() { echo "run-model-bench: $*" >&2; }
 
 log "building model-bench (release)"
-cargo build --release -p radix-benches --bin model-bench >&2
+# Built with radix-serve, as every bench script builds: one feature set, one build of the deps.
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve --bin model-bench >&2
 ours="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/model-bench"
 
 log "locating/building llama.cpp"

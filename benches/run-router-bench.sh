@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 scripts/router-env.sh >/dev/null
 echo "run-router-bench: building radix-serve and the test (release)" >&2
-cargo build --release -p radix-serve --bin radix-serve >&2
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 mkdir -p "$target_dir/router-bench"
 log="$target_dir/router-bench/test.log"

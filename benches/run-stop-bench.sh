@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "run-stop-bench: building radix-serve (release)" >&2
-cargo build --release -p radix-serve --bin radix-serve >&2
+cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 model=$(scripts/assets.sh path smollm2)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -64,7 +64,7 @@ case "${1:-}" in
   qwen-coder)
     # The server's default model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M: fetched (pinned, checked)
     # by the binary itself.
-    cargo build --release -p radix-serve --bin radix-serve >&2
+    cargo build --release -p radix-serve -p radix-benches --bin radix-serve >&2
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
