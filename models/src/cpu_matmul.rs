@@ -38,8 +38,13 @@ pub(crate) fn quant_forward(m: &QuantMatrix, input: &LayerInput, dims: Vec<usize
 /// `x @ W^T` on our dense kernel, shaped as `x` with its last dim `n_out`.
 pub(crate) fn dense_forward(m: &DenseMatrix, x: &Tensor) -> Result<Tensor> {
     let (rows, dims) = host_rows(x, m.k(), m.n_out())?;
+    dense_rows(m, &rows, dims)
+}
+
+/// `rows @ W^T` for f32 rows already on the host, shaped `dims`.
+pub(crate) fn dense_rows(m: &DenseMatrix, rows: &[f32], dims: Vec<usize>) -> Result<Tensor> {
     let mut out = vec![0.0f32; rows.len() / m.k() * m.n_out()];
-    m.matmul(&rows, &mut out)?;
+    m.matmul(rows, &mut out)?;
     Ok(Tensor::from_vec(out, dims, &Device::Cpu)?)
 }
 

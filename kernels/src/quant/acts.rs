@@ -70,6 +70,29 @@ fn check(x: &[f32], k: usize, block: usize) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// Runs `blocks` over `x` (`[rows, k]`) and the matching parts of its outputs (one scale per
+/// `block` values, one sum per `sum_every`), whole rows at a time: many rows are split over the
+/// current rayon pool, a few done here. A row's values never depend on how rows are split.
+fn split_rows<S: Send>(
+    x: &[f32],
+    k: usize,
+    block: usize,
+    sum_every: usize,
+    (qs, d, sums): (&mut [i8], &mut [f32], &mut [S]),
+    blocks: impl Fn(Chunk<'_, S>) + Sync + Send,
+) {
+    let per_task = ROWS_PER_TASK * k;
+    if x.len() > per_task {
+        x.par_chunks(per_task)
+            .zip(qs.par_chunks_mut(per_task))
+            .zip(d.par_chunks_mut(per_task / block))
+            .zip(sums.par_chunks_mut(per_task / sum_every))
+            .for_each(blocks);
+    } else {
+        blocks((((x, qs), d), sums));
+    }
+}
+
 impl Q8_0Acts {
     /// Quantizes `x`, row-major `[rows, k]`, `k` a non-zero multiple of 32; many rows are
     /// split over the current rayon pool.
@@ -78,19 +101,9 @@ impl Q8_0Acts {
         let nb = x.len() / QK8_0;
         let mut a = Q8_0Acts { k, qs: vec![0; x.len()], d: vec![0.0; nb], sums: vec![0; nb] };
         let fast = crate::cpu::has_avx2_fma();
-        let work = |(((x, q), d), s): Chunk<i32>| {
-            quantize_q8_0_blocks(x, q, d, s, fast);
-        };
-        let per_task = ROWS_PER_TASK * k;
-        if x.len() > per_task {
-            x.par_chunks(per_task)
-                .zip(a.qs.par_chunks_mut(per_task))
-                .zip(a.d.par_chunks_mut(per_task / QK8_0))
-                .zip(a.sums.par_chunks_mut(per_task / QK8_0))
-                .for_each(work);
-        } else {
-            work((((x, &mut a.qs[..]), &mut a.d[..]), &mut a.sums[..]));
-        }
+        split_rows(x, k, QK8_0, QK8_0, (&mut a.qs, &mut a.d, &mut a.sums), |(((x, q), d), s)| {
+            quantize_q8_0_blocks(x, q, d, s, fast)
+        });
         Ok(a)
     }
 
@@ -128,19 +141,9 @@ impl Q8KActs {
         let nb = x.len() / QK_K;
         let mut a = Q8KActs { k, qs: vec![0; x.len()], d: vec![0.0; nb], bsums: vec![0; x.len() / 16] };
         let fast = crate::cpu::has_avx2_fma();
-        let work = |(((x, q), d), s): Chunk<i16>| {
-            quantize_q8k_blocks(x, q, d, s, fast);
-        };
-        let per_task = ROWS_PER_TASK * k;
-        if x.len() > per_task {
-            x.par_chunks(per_task)
-                .zip(a.qs.par_chunks_mut(per_task))
-                .zip(a.d.par_chunks_mut(per_task / QK_K))
-                .zip(a.bsums.par_chunks_mut(per_task / 16))
-                .for_each(work);
-        } else {
-            work((((x, &mut a.qs[..]), &mut a.d[..]), &mut a.bsums[..]));
-        }
+        split_rows(x, k, QK_K, 16, (&mut a.qs, &mut a.d, &mut a.bsums), |(((x, q), d), s)| {
+            quantize_q8k_blocks(x, q, d, s, fast)
+        });
         Ok(a)
     }
 

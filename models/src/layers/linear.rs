@@ -12,7 +12,7 @@ use candle_core::{DType, Module, Tensor};
 use radix_kernels::dense::DenseMatrix;
 use radix_kernels::quant::{LayerInput, QuantMatrix};
 
-use crate::cpu_matmul::{dense_forward, host_rows, quant_forward};
+use crate::cpu_matmul::{dense_forward, dense_rows, host_rows, quant_forward};
 use crate::error::Result;
 
 /// A linear layer: `x @ W^T (+ b)`, W dense or quantized.
@@ -77,21 +77,35 @@ impl Linear {
     /// matrices of one type share candle's fused path where it has one (GPUs).
     pub(crate) fn forward_shared(layers: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
         let mut out: Vec<Option<Tensor>> = vec![None; layers.len()];
-        let quant: Vec<(usize, &Arc<QuantMatrix>)> = layers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| match &l.weight {
-                Weight::Quant(m) => Some((i, m)),
-                _ => None,
-            })
-            .collect();
-        if let Some(&(_, first)) = quant.first() {
-            let k = first.k();
+        // Matrices on our kernels read one f32 copy of `x`, and the quantized ones one
+        // quantization of it.
+        let host: Vec<usize> =
+            (0..layers.len()).filter(|&i| matches!(layers[i].weight, Weight::Quant(_) | Weight::Float(_))).collect();
+        if let Some(&first) = host.first() {
+            let k = match &layers[first].weight {
+                Weight::Quant(m) => m.k(),
+                Weight::Float(m) => m.k(),
+                _ => unreachable!("host layers are Quant or Float"),
+            };
             let (rows, mut dims) = host_rows(x, k, k)?;
-            let input = LayerInput::new(&rows, k)?;
-            for &(i, m) in &quant {
-                *dims.last_mut().expect("at least one dim") = m.n_out();
-                out[i] = Some(layers[i].add_bias(quant_forward(m, &input, dims.clone())?)?);
+            let mut input = None;
+            for &i in &host {
+                let y = match &layers[i].weight {
+                    Weight::Quant(m) => {
+                        *dims.last_mut().expect("at least one dim") = m.n_out();
+                        let input = match &mut input {
+                            Some(input) => input,
+                            None => input.insert(LayerInput::new(&rows, k)?),
+                        };
+                        quant_forward(m, input, dims.clone())?
+                    }
+                    Weight::Float(m) => {
+                        *dims.last_mut().expect("at least one dim") = m.n_out();
+                        dense_rows(m, &rows, dims.clone())?
+                    }
+                    _ => unreachable!("host layers are Quant or Float"),
+                };
+                out[i] = Some(layers[i].add_bias(y)?);
             }
         }
         for (i, layer) in layers.iter().enumerate() {
