@@ -72,6 +72,7 @@ impl QuantKernel {
 
     /// The most activation rows one tile takes for `ty` (a resolved kernel).
     pub(crate) fn max_acts(self, ty: QuantType) -> usize {
+        let _ = ty;
         match self {
             #[cfg(target_arch = "x86_64")]
             QuantKernel::Avx512 if ty.act_format() == ActFormat::Q8K => super::avx512::MAX_ACTS,

@@ -46,8 +46,20 @@ pub struct Browser {
 fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    #[cfg(target_os = "linux")]
     let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
-    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    // macOS has no pipe2: close-on-exec is set just after, so a child another test thread starts
+    // in between could inherit the descriptors (it would only delay the browser seeing EOF).
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    #[cfg(not(target_os = "linux"))]
+    let rc = unsafe { libc::pipe(fds.as_mut_ptr()) };
+    assert_eq!(rc, 0, "pipe: {}", std::io::Error::last_os_error());
+    #[cfg(not(target_os = "linux"))]
+    for fd in fds {
+        // SAFETY: `fd` was just opened by pipe.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        assert_eq!(rc, 0, "fcntl(FD_CLOEXEC): {}", std::io::Error::last_os_error());
+    }
     // SAFETY: both descriptors were just opened and are owned by nobody else.
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
