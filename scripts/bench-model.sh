@@ -20,6 +20,9 @@
 #   scripts/bench-model.sh qwen3moe  a Qwen3-30B-A3B-shaped random-weight Q4_K_M GGUF with 2 of
 #                                    its 48 layers (why: scripts/gen_qwen35_shaped.py), the Qwen3
 #                                    tokenizer and template
+#   scripts/bench-model.sh qwen3np   the Qwen3-0.6B shape (and qwen3moenp, the Qwen3-30B-A3B
+#                                    2-layer shape) drawn with numpy by scripts/gen_shaped_numpy.py
+#                                    in its own venv (no torch), quantized by llama-quantize
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$HOME/.cache/radix-serve/refenv/bin/python}"
@@ -61,6 +64,30 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
+  qwen3np | qwen3moenp)
+    # The same shapes drawn with numpy (scripts/gen_shaped_numpy.py) where the torch venv of the
+    # generators above cannot be installed; the Qwen2 BPE tokenizer is the default model's.
+    case "$1" in
+      qwen3np) shape=qwen3-0.6b ;;
+      *) shape=qwen3moe-30b-a3b-2l ;;
+    esac
+    f="$HOME/.cache/radix-serve/models/$shape-shaped-np-seed0.Q4_K_M.gguf"
+    if [ ! -f "$f" ]; then
+      llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
+      venv="$HOME/.cache/radix-serve/npenv"
+      if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv" >&2
+        "$venv/bin/pip" install -q numpy==2.4.6 PyYAML==6.0.4 >&2
+      fi
+      donor=$("$0" qwen-coder)
+      echo "bench-model.sh: generating $f" >&2
+      "$venv/bin/python" scripts/gen_shaped_numpy.py --shape "$shape" --gguf-py "$(dirname "$llama_bin")/src/gguf-py" \
+        --donor "$donor" --out "$f.F16" --seed 0 >&2
+      "$llama_bin/llama-quantize" "$f.F16" "$f" Q4_K_M >&2
+      rm -f "$f.F16"
+    fi
+    echo "$f"
+    ;;
   qwen-coder)
     # The server's default model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M: fetched (pinned, checked)
     # by the binary itself.
@@ -68,5 +95,5 @@ case "${1:-}" in
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe or qwen-coder)" >&2; exit 2 ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe, qwen3np, qwen3moenp or qwen-coder)" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 //! The quantized matmuls, every type and kernel, against references and against themselves.
 //!
-//! - Every available kernel gives bitwise the portable kernel's outputs; kernels this CPU lacks
-//!   are skipped with a message naming the missing instruction set.
+//! - Every available kernel gives bitwise the portable kernel's outputs, on the file's layout
+//!   and on the interleaved copy; kernels this CPU lacks are skipped with
+//!   a message naming the missing instruction set.
 //! - Against the f64 product of the dequantized weights and the quantize-dequantized
 //!   activations (the same math, the only difference the f32 rounding of scale products and
 //!   accumulation): within `1e-5 * Σ|w x|` per output.
@@ -16,7 +17,8 @@ use half::f16;
 use proptest::prelude::*;
 use radix_kernels::KernelError;
 use radix_kernels::quant::{
-    LayerInput, Q8_0Acts, Q8KActs, QK8_0, QuantKernel, QuantMatrix, QuantType, Split, WeightBytes, quantize_block_q8_0,
+    LayerInput, Layout, Q8_0Acts, Q8KActs, QK8_0, QuantKernel, QuantMatrix, QuantType, Split, WeightBytes,
+    quantize_block_q8_0,
 };
 
 mod common;
@@ -51,6 +53,13 @@ fn random_blocks(rng: &mut Rng, ty: QuantType, n_out: usize, k: usize) -> Vec<u8
 
 fn matrix(rng: &mut Rng, ty: QuantType, n_out: usize, k: usize) -> QuantMatrix {
     QuantMatrix::new(ty, n_out, k, WeightBytes::from_vec(random_blocks(rng, ty, n_out, k))).unwrap()
+}
+
+/// `w` and its interleaved copy.
+fn layouts(w: &QuantMatrix) -> Vec<QuantMatrix> {
+    let i = w.interleaved();
+    assert_eq!(i.layout(), Layout::Interleaved);
+    vec![w.clone(), i]
 }
 
 fn activations(rng: &mut Rng, m: usize, k: usize) -> Vec<f32> {
@@ -104,12 +113,27 @@ fn every_type_matches_references_and_kernels_agree() {
             // Uniform, as in llama.cpp's test (outliers coarsen a 256-value block's step).
             let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
             let want = run(&w, &x, None, QuantKernel::Portable, Split::default());
-            for &kernel in &kernels {
-                let got = run(&w, &x, None, kernel, Split::default());
+            for layout in layouts(&w) {
+                for &kernel in &kernels {
+                    let got = run(&layout, &x, None, kernel, Split::default());
+                    assert!(
+                        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty:?} {n_out}x{k}, {m} rows: {} on {:?} differs from portable in place",
+                        kernel.name(),
+                        layout.layout()
+                    );
+                }
+                let rows = |w: &QuantMatrix| -> Vec<u32> {
+                    let mut all = vec![0.0f32; n_out * k];
+                    for (r, row) in all.chunks_exact_mut(k).enumerate() {
+                        w.dequantize_row(r, row).unwrap();
+                    }
+                    all.iter().map(|v| v.to_bits()).collect()
+                };
                 assert!(
-                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{ty:?} {n_out}x{k}, {m} rows: {} differs from portable",
-                    kernel.name()
+                    rows(&layout) == rows(&w),
+                    "{ty:?} {n_out}x{k}: {:?} rows dequantize differently",
+                    layout.layout()
                 );
             }
             let wd = w.dequantize();
@@ -172,6 +196,7 @@ fn a_row_alone_equals_the_row_in_a_batch() {
     for ty in QuantType::ALL {
         let (n_out, k, m) = (40, 2 * ty.block_values().max(256), 67);
         let w = matrix(&mut rng, ty, n_out, k);
+        let w = layouts(&w).pop().unwrap();
         let x = activations(&mut rng, m, k);
         let batch = run(&w, &x, None, QuantKernel::Auto, Split::default());
         for i in [0, 1, 33, 66] {
@@ -200,12 +225,14 @@ proptest! {
         rows_per_task in 1usize..48,
         acts_per_task in 1usize..9,
         threads in 1usize..4,
+        interleave in any::<bool>(),
         seed in 1u64..u64::MAX,
     ) {
         let ty = QuantType::ALL[ty];
         let k = blocks * ty.block_values();
         let mut rng = Rng(seed);
-        let w = matrix(&mut rng, ty, n_out, k);
+        let in_place = matrix(&mut rng, ty, n_out, k);
+        let w = if interleave { layouts(&in_place).pop().unwrap() } else { in_place.clone() };
         let x = activations(&mut rng, m, k);
         let subset: Vec<u32> = subset.into_iter().filter(|&r| (r as usize) < m).collect();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -213,7 +240,7 @@ proptest! {
         let got = pool.install(|| run(&w, &x, Some(&subset), QuantKernel::Auto, split));
         for (i, &r) in subset.iter().enumerate() {
             let r = r as usize;
-            let alone = run(&w, &x[r * k..(r + 1) * k], None, QuantKernel::Portable, Split::default());
+            let alone = run(&in_place, &x[r * k..(r + 1) * k], None, QuantKernel::Portable, Split::default());
             for j in 0..n_out {
                 prop_assert_eq!(got[i * n_out + j].to_bits(), alone[j].to_bits(), "{:?} row {} out {}", ty, r, j);
             }

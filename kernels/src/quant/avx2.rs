@@ -104,7 +104,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 
 /// 32 bits as 32 bytes: `0x10` where the bit is set (the fifth bit of Q5 values).
 #[inline(always)]
-unsafe fn fifth_bits(p: *const u8) -> __m256i {
+pub(crate) unsafe fn fifth_bits(p: *const u8) -> __m256i {
     unsafe {
         let x = (p as *const i32).read_unaligned();
         let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);

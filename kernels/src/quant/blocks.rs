@@ -139,6 +139,15 @@ pub(crate) struct Block32 {
     pub(crate) offset: i32,
 }
 
+impl Block32 {
+    /// The block's values in f32, as GGML's `dequantize_row_*` gives them.
+    pub(crate) fn dequantize_into(&self, out: &mut [f32]) {
+        for (o, &q) in out.iter_mut().zip(&self.q) {
+            *o = (q as i32 - self.offset) as f32 * self.d + self.m;
+        }
+    }
+}
+
 /// Decodes block `b` of a 32-value type (`b` exactly one block's bytes).
 pub(crate) fn block32(ty: QuantType, b: &[u8]) -> Block32 {
     let mut q = [0i8; QK8_0];
@@ -195,6 +204,23 @@ pub(crate) struct BlockK {
     pub(crate) m: [i32; 8],
     pub(crate) d: f32,
     pub(crate) dmin: f32,
+}
+
+impl BlockK {
+    /// The block's values in f32 (`ty` the block's type), as GGML's `dequantize_row_*` gives
+    /// them.
+    pub(crate) fn dequantize_into(&self, ty: QuantType, out: &mut [f32]) {
+        if ty == QuantType::Q6_K {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = self.d * self.sc[j / 16] as f32 * (self.q[j] as i32 - 32) as f32;
+            }
+        } else {
+            for (j, o) in out.iter_mut().enumerate() {
+                let s = j / 32;
+                *o = self.d * self.sc[s] as f32 * self.q[j] as f32 - self.dmin * self.m[s] as f32;
+            }
+        }
+    }
 }
 
 /// Sub-block `j`'s 6-bit scale and minimum from a Q4_K/Q5_K block's 12 packed bytes.
@@ -263,25 +289,12 @@ pub(crate) fn dequantize_row(ty: QuantType, bytes: &[u8], out: &mut [f32]) {
     match ty.act_format() {
         ActFormat::Q8_0 => {
             for (b, out) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(QK8_0)) {
-                let blk = block32(ty, b);
-                for (o, &q) in out.iter_mut().zip(&blk.q) {
-                    *o = (q as i32 - blk.offset) as f32 * blk.d + blk.m;
-                }
+                block32(ty, b).dequantize_into(out);
             }
         }
         ActFormat::Q8K => {
             for (b, out) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
-                let blk = block_k(ty, b);
-                if ty == QuantType::Q6_K {
-                    for (j, o) in out.iter_mut().enumerate() {
-                        *o = blk.d * blk.sc[j / 16] as f32 * (blk.q[j] as i32 - 32) as f32;
-                    }
-                } else {
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let s = j / 32;
-                        *o = blk.d * blk.sc[s] as f32 * blk.q[j] as f32 - blk.dmin * blk.m[s] as f32;
-                    }
-                }
+                block_k(ty, b).dequantize_into(ty, out);
             }
         }
     }

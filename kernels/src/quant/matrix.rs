@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::acts::{LayerInput, Q8KRow, Q8Row};
 use super::blocks::{ActFormat, QuantType, dequantize_row};
+use super::interleaved::{self, GROUP_ROWS};
 use super::kernel::{Acts, QuantKernel, tile};
 use crate::KernelError;
 
@@ -81,20 +82,41 @@ const TILE_BYTES: usize = 96 * 1024;
 /// Products below this many multiply-adds run on the calling thread (a task costs more).
 const SERIAL_WORK: usize = 1 << 16;
 
-/// A weight matrix `[n_out, k]` in a GGML block format, rows of blocks as in a GGUF file,
-/// multiplied in place: `out = x @ W^T`.
+/// The environment variable that keeps every matrix in the file's layout (`in-place`) rather
+/// than interleaving the 32-value types at load (`interleaved`, the default): for A/B runs.
+pub const WEIGHT_LAYOUT_ENV: &str = "RADIX_WEIGHT_LAYOUT";
+
+/// How a [`QuantMatrix`]'s blocks lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// As in a GGUF file: each row's blocks in order, read in place.
+    InPlace,
+    /// The 32-value types repacked in groups of 16 rows (`kernels/src/quant/interleaved.rs`):
+    /// the same bytes per row, multiplied without horizontal reductions.
+    Interleaved,
+}
+
+/// A weight matrix `[n_out, k]` in a GGML block format, multiplied as `out = x @ W^T`: rows of
+/// blocks as in a GGUF file, read in place, or a repacked copy in the [`Layout::Interleaved`]
+/// layout.
 #[derive(Clone)]
 pub struct QuantMatrix {
     ty: QuantType,
     n_out: usize,
     k: usize,
+    layout: Layout,
     data: WeightBytes,
 }
 
 impl std::fmt::Debug for QuantMatrix {
     // The values would be megabytes of output.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuantMatrix").field("ty", &self.ty).field("n_out", &self.n_out).field("k", &self.k).finish()
+        f.debug_struct("QuantMatrix")
+            .field("ty", &self.ty)
+            .field("n_out", &self.n_out)
+            .field("k", &self.k)
+            .field("layout", &self.layout)
+            .finish()
     }
 }
 
@@ -117,7 +139,57 @@ impl QuantMatrix {
         if data.len() != expected {
             return Err(KernelError::LengthMismatch { what: "quantized matrix bytes", expected, actual: data.len() });
         }
-        Ok(QuantMatrix { ty, n_out, k, data })
+        Ok(QuantMatrix { ty, n_out, k, layout: Layout::InPlace, data })
+    }
+
+    /// This matrix in the [`Layout::Interleaved`] layout: a copy in memory of the same size
+    /// (plus at most 15 rows of padding), multiplied bitwise as the file's layout is.
+    pub fn interleaved(&self) -> QuantMatrix {
+        self.interleaved_releasing(&|_| {})
+    }
+
+    /// [`interleaved`](Self::interleaved), calling `release(bytes)` as it goes with the part of
+    /// [`bytes`](Self::bytes) it has finished reading (every byte once, in order), so that a
+    /// caller can drop those pages of a mapped file before the rest is copied.
+    pub fn interleaved_releasing(&self, release: &dyn Fn(&[u8])) -> QuantMatrix {
+        if self.layout == Layout::Interleaved {
+            return self.clone();
+        }
+        let source = self.bytes();
+        let released = std::cell::Cell::new(0);
+        let done = |n: usize| {
+            release(&source[released.get()..n]);
+            released.set(n);
+        };
+        let len = interleaved::interleaved_len(self.ty, self.n_out, self.k);
+        // Pages of their own rather than the malloc heap: weights live as long as the model,
+        // and among the heap's short-lived activation buffers they would pin its freed holes
+        // (a prefill of 2048 tokens of the Qwen3-0.6B shape peaked 120 MiB higher).
+        let data = match memmap2::MmapMut::map_anon(len) {
+            Ok(mut map) => {
+                interleaved::interleave(self.ty, self.n_out, self.k, source, &mut map, &done);
+                WeightBytes::new(Arc::new(map))
+            }
+            Err(_) => {
+                let mut bytes = vec![0u8; len];
+                interleaved::interleave(self.ty, self.n_out, self.k, source, &mut bytes, &done);
+                WeightBytes::from_vec(bytes)
+            }
+        };
+        QuantMatrix { layout: Layout::Interleaved, data, ..self.clone() }
+    }
+
+    /// Whether the matmuls of this process run faster on [`interleaved`](Self::interleaved)
+    /// copies of matrices of type `ty` than on the file's blocks in place: wherever an x86
+    /// kernel runs, unless `RADIX_WEIGHT_LAYOUT=in-place`.
+    pub fn interleaving_wins(ty: QuantType) -> bool {
+        let _ = ty;
+        QuantKernel::Auto.resolve() != QuantKernel::Portable && !in_place_forced()
+    }
+
+    /// The layout of the blocks.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The weight type.
@@ -135,7 +207,7 @@ impl QuantMatrix {
         self.k
     }
 
-    /// The blocks, as borrowed.
+    /// The blocks, as borrowed, in the matrix's [`layout`](Self::layout).
     pub fn bytes(&self) -> &[u8] {
         self.data.as_slice()
     }
@@ -149,7 +221,13 @@ impl QuantMatrix {
             return Err(KernelError::LengthMismatch { what: "row out", expected: self.k, actual: out.len() });
         }
         let rb = self.ty.row_bytes(self.k);
-        dequantize_row(self.ty, &self.bytes()[row * rb..(row + 1) * rb], out);
+        match self.layout {
+            Layout::InPlace => dequantize_row(self.ty, &self.bytes()[row * rb..(row + 1) * rb], out),
+            Layout::Interleaved => {
+                let group = &self.bytes()[row / GROUP_ROWS * GROUP_ROWS * rb..][..GROUP_ROWS * rb];
+                interleaved::dequantize_row(self.ty, group, self.k / self.ty.block_values(), row % GROUP_ROWS, out);
+            }
+        }
         Ok(())
     }
 
@@ -222,6 +300,21 @@ enum Row<'a> {
     Q8K(Q8KRow<'a>),
 }
 
+/// Whether `RADIX_WEIGHT_LAYOUT` asks for the file's layout (read once per process; any other
+/// value than `in-place` or `interleaved` is reported once and ignored).
+fn in_place_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var(WEIGHT_LAYOUT_ENV) {
+        Ok(v) if v.trim().eq_ignore_ascii_case("in-place") => true,
+        Ok(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("interleaved") => false,
+        Ok(v) => {
+            eprintln!("{WEIGHT_LAYOUT_ENV}={v:?} is not `in-place` or `interleaved`: ignored");
+            false
+        }
+        Err(_) => false,
+    })
+}
+
 /// One matmul's fixed parts.
 struct Job<'a> {
     w: &'a QuantMatrix,
@@ -231,10 +324,26 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// Weight rows per tile.
+    fn lanes(&self) -> usize {
+        match self.w.layout {
+            Layout::InPlace => self.kernel.lanes(self.w.ty),
+            Layout::Interleaved => GROUP_ROWS,
+        }
+    }
+
+    /// The most activation rows one tile takes.
+    fn max_acts(&self) -> usize {
+        match self.w.layout {
+            Layout::InPlace => self.kernel.max_acts(self.w.ty),
+            Layout::Interleaved => interleaved::MAX_ACTS,
+        }
+    }
+
     /// Cuts `m` activation rows times the weight rows into tasks and runs them.
     fn run<'x>(&self, m: usize, split: Split, act: impl Fn(usize) -> Row<'x> + Sync) {
         let (ty, n_out) = (self.w.ty, self.w.n_out);
-        let lanes = self.kernel.lanes(ty);
+        let lanes = self.lanes();
         let groups = n_out.div_ceil(lanes);
         let row_bytes = ty.row_bytes(self.w.k);
         let threads = rayon::current_num_threads();
@@ -263,7 +372,7 @@ impl Job<'_> {
 
     /// Activation rows `xs` times row groups `groups`.
     fn task<'x>(&self, xs: Range<usize>, groups: Range<usize>, act: &impl Fn(usize) -> Row<'x>) {
-        let nmax = self.kernel.max_acts(self.w.ty);
+        let nmax = self.max_acts();
         let mut i = xs.start;
         while i < xs.end {
             let n = (xs.end - i).min(nmax);
@@ -292,19 +401,27 @@ impl Job<'_> {
     /// Activation rows `i..i + acts.len()` times row groups `groups`.
     fn groups(&self, i: usize, acts: Acts, groups: Range<usize>) {
         let (ty, n_out) = (self.w.ty, self.w.n_out);
-        let lanes = self.kernel.lanes(ty);
+        let lanes = self.lanes();
         let rb = ty.row_bytes(self.w.k);
         let bytes = self.w.bytes();
         let n = acts.len();
         let mut results = [0.0f32; 64];
         for g in groups {
-            // A last group past `n_out` repeats the last row; its lanes are dropped.
-            let w: [&[u8]; 16] = std::array::from_fn(|r| {
-                let row = (g * lanes + r).min(n_out - 1);
-                &bytes[row * rb..(row + 1) * rb]
-            });
             let out = &mut results[..n * lanes];
-            tile(self.kernel, ty, &w[..lanes], acts, out);
+            match self.w.layout {
+                Layout::Interleaved => {
+                    let group = &bytes[g * GROUP_ROWS * rb..(g + 1) * GROUP_ROWS * rb];
+                    interleaved::tile(self.kernel, ty, group, self.w.k / ty.block_values(), acts, out);
+                }
+                Layout::InPlace => {
+                    // A last group past `n_out` repeats the last row; its lanes are dropped.
+                    let w: [&[u8]; 16] = std::array::from_fn(|r| {
+                        let row = (g * lanes + r).min(n_out - 1);
+                        &bytes[row * rb..(row + 1) * rb]
+                    });
+                    tile(self.kernel, ty, &w[..lanes], acts, out);
+                }
+            }
             let valid = lanes.min(n_out - g * lanes);
             for j in 0..n {
                 let start = (i + j) * n_out + g * lanes;

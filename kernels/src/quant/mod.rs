@@ -1,13 +1,18 @@
 //! Quantized matrix multiplication on the CPU, llama.cpp ggml-cpu style: one dot product per
-//! weight type and instruction set, weights read in place in GGML's block layout (a `&[u8]`
-//! borrowed from a memory map of the GGUF file, no converted or repacked copy), activations
-//! quantized once per layer input.
+//! weight type and instruction set, activations quantized once per layer input.
 //!
 //! - Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (against Q8_0 activations) and Q4_K, Q5_K, Q6_K
 //!   (against Q8_K activations) ([`QuantType`]).
+//! - Two layouts ([`Layout`]): the file's blocks read in place (a `&[u8]` borrowed from a
+//!   memory map of the GGUF), or a copy repacked once at load in groups of sixteen rows
+//!   (`interleaved.rs`, `interleaved_k.rs`), the same size, in which one `vpdpbusd` adds four
+//!   products into each row's own lane: no horizontal reductions, about three times the
+//!   in-place kernels' prefill speed (benches/README.md). The model loader repacks matmul
+//!   weights wherever an x86 kernel runs ([`QuantMatrix::interleaving_wins`]) and releases the
+//!   file's pages as it goes, so weights are resident once; embedding rows stay in place.
 //! - Kernels ([`QuantKernel`]): portable Rust (any target), AVX2 + FMA + F16C, AVX2 with
-//!   256-bit VNNI products, and AVX-512 BW + VNNI (16-row K-quant tiles). `RADIX_CPU_ISA`
-//!   lowers the choice (`kernels/src/cpu.rs`).
+//!   256-bit VNNI products, and AVX-512 BW + VNNI (16-row tiles). `RADIX_CPU_ISA` lowers the
+//!   choice (`kernels/src/cpu.rs`); `RADIX_WEIGHT_LAYOUT=in-place` keeps the file's layout.
 //! - [`LayerInput`] quantizes a layer's input at most once per activation format, for every
 //!   matmul that reads it (q/k/v, gate/up, a MoE layer's experts).
 //! - [`QuantMatrix`] multiplies on the *current* rayon pool (the model's), in tasks of (a tile
@@ -16,10 +21,10 @@
 //!
 //! **Batch invariance by construction.** Each output (weight row, activation row) is one f32
 //! accumulator updated block by block, in order, by fused multiply-adds of exact integer sums
-//! and the same scale products (`kernels/src/quant/portable.rs` spells it out). A kernel computes eight or sixteen
-//! such outputs side by side, one per vector lane, and sums the integers however it likes (they
-//! are exact), so every kernel, tile shape, batch size and thread split gives bitwise the same
-//! value: a decode step's row equals the same row in a 512-row prefill.
+//! and the same scale products (`kernels/src/quant/portable.rs` spells it out). A kernel computes
+//! eight or sixteen such outputs side by side, one per vector lane, and sums the integers however
+//! it likes (they are exact), so every kernel, layout, tile shape, batch size and thread split
+//! gives bitwise the same value: a decode step's row equals the same row in a 512-row prefill.
 //!
 //! ```
 //! use radix_kernels::quant::{LayerInput, QuantMatrix, QuantType, WeightBytes};
@@ -45,6 +50,12 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod blocks;
+mod interleaved;
+mod interleaved_k;
+#[cfg(target_arch = "x86_64")]
+mod interleaved_k_x86;
+#[cfg(target_arch = "x86_64")]
+mod interleaved_x86;
 mod kernel;
 mod matrix;
 mod portable;
@@ -52,7 +63,7 @@ mod portable;
 pub use acts::{LayerInput, Q8_0Acts, Q8KActs, quantize_block_q8_0};
 pub use blocks::{ActFormat, Q8_0_BLOCK_BYTES, QK_K, QK8_0, QuantType};
 pub use kernel::QuantKernel;
-pub use matrix::{QuantMatrix, Split, WeightBytes};
+pub use matrix::{Layout, QuantMatrix, Split, WEIGHT_LAYOUT_ENV, WeightBytes};
 
 /// `gate[i] = silu(gate[i]) * up[i]`: the SwiGLU of an MLP's two projections, with the
 /// vectorizing `exp` of the attention kernels (a few ulp from libm's; the same bits on every

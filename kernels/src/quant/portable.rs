@@ -13,13 +13,18 @@
 //! every kernel, so the results do not depend on the kernel, the batch or the split.
 
 use super::acts::{Q8KRow, Q8Row};
-use super::blocks::{QK_K, QK8_0, QuantType, block_k, block32};
+use super::blocks::{Block32, BlockK, QK_K, QK8_0, QuantType, block_k, block32};
 
 /// One weight row (its blocks, in place) times one Q8_0 activation row.
 pub(crate) fn dot32(ty: QuantType, w: &[u8], x: Q8Row) -> f32 {
+    dot_blocks(ty, w.chunks_exact(ty.block_bytes()).map(|block| block32(ty, block)), x)
+}
+
+/// A row's decoded blocks, in order (from the file's layout or the interleaved one), times one
+/// Q8_0 activation row.
+pub(crate) fn dot_blocks(ty: QuantType, blocks: impl Iterator<Item = Block32>, x: Q8Row) -> f32 {
     let mut acc = 0.0f32;
-    for (b, block) in w.chunks_exact(ty.block_bytes()).enumerate() {
-        let blk = block32(ty, block);
+    for (b, blk) in blocks.enumerate() {
         let xs = &x.qs[b * QK8_0..(b + 1) * QK8_0];
         let isum = blk.q.iter().zip(xs).map(|(&q, &x)| q as i32 * x as i32).sum::<i32>() - blk.offset * x.sums[b];
         acc = (isum as f32).mul_add(blk.d * x.d[b], acc);
@@ -32,9 +37,14 @@ pub(crate) fn dot32(ty: QuantType, w: &[u8], x: Q8Row) -> f32 {
 
 /// One weight row (its super-blocks, in place) times one Q8_K activation row.
 pub(crate) fn dot_k(ty: QuantType, w: &[u8], x: Q8KRow) -> f32 {
+    dot_k_blocks(ty, w.chunks_exact(ty.block_bytes()).map(|block| block_k(ty, block)), x)
+}
+
+/// A row's decoded super-blocks, in order (from the file's layout or the interleaved one),
+/// times one Q8_K activation row.
+pub(crate) fn dot_k_blocks(ty: QuantType, blocks: impl Iterator<Item = BlockK>, x: Q8KRow) -> f32 {
     let mut acc = 0.0f32;
-    for (b, block) in w.chunks_exact(ty.block_bytes()).enumerate() {
-        let blk = block_k(ty, block);
+    for (b, blk) in blocks.enumerate() {
         let xs = &x.qs[b * QK_K..(b + 1) * QK_K];
         let bsums = &x.bsums[b * 16..(b + 1) * 16];
         let dot = |range: std::ops::Range<usize>| -> i32 {

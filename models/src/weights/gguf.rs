@@ -1,9 +1,12 @@
 //! GGUF files as llama.cpp's converter lays them out. The header is read through candle's
 //! reader; the file is memory-mapped, and on the CPU every quantized matrix of a type
-//! radix-kernels multiplies is its blocks in the map, read in place (no copy, no conversion:
-//! the weights are page cache, as llama.cpp's are). Float tensors, quantized types without a
-//! kernel of ours and every tensor bound for a GPU are read through candle. A corrupt file is an
-//! error naming the file rather than a panic inside the reader.
+//! radix-kernels multiplies is its blocks in the map: the K-quants read in place (no copy, no
+//! conversion: the weights are page cache, as llama.cpp's are), the 32-value types' matmul
+//! weights repacked once into the interleaved layout of the same size where that runs faster
+//! (`QuantMatrix::interleaving_wins`), after which the file's pages are released, so the weights
+//! are resident once. Float tensors, quantized types without a kernel of ours and every tensor
+//! bound for a GPU are read through candle. A corrupt file is an error naming the file rather
+//! than a panic inside the reader.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,8 @@ pub(crate) struct GgufSource {
     file: Mutex<File>,
     /// The whole file, mapped read-only: quantized matrices on the CPU borrow their blocks.
     map: WeightBytes,
+    /// The same mapping, to release the pages of matrices that were repacked.
+    mmap: Arc<Mmap>,
     /// Dequantize every matrix to f32 at load ([`crate::LoadOptions::dequantize_weights`]).
     dequantize: bool,
 }
@@ -48,8 +53,9 @@ impl GgufSource {
         // SAFETY: the file is mapped read-only; a model file changed underneath a running server
         // is outside what we can guard against, as for every mmap-based loader (llama.cpp's too).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| bad(format!("cannot map: {e}")))?;
-        let map = WeightBytes::new(Arc::new(map));
-        Ok(GgufSource { path: path.to_owned(), content, file: Mutex::new(file), map, dequantize })
+        let mmap = Arc::new(map);
+        let map = WeightBytes::new(Arc::clone(&mmap) as Arc<dyn AsRef<[u8]> + Send + Sync>);
+        Ok(GgufSource { path: path.to_owned(), content, file: Mutex::new(file), map, mmap, dequantize })
     }
 
     /// The header, whose metadata gives the model's config.
@@ -121,6 +127,44 @@ impl GgufSource {
         Ok(Some(Arc::new(m)))
     }
 
+    /// `m` (blocks in the map) as its matmuls run fastest: an interleaved copy where that wins,
+    /// the map's pages it was read from then released; else `m` itself.
+    fn for_matmul(&self, m: QuantMatrix) -> QuantMatrix {
+        if !QuantMatrix::interleaving_wins(m.ty()) {
+            return m;
+        }
+        // Released from the tensor's start each time, so that no page straddling two pieces
+        // is left behind.
+        let all = m.bytes();
+        let release = |piece: &[u8]| {
+            let end = piece.as_ptr() as usize + piece.len() - all.as_ptr() as usize;
+            self.release(&all[..end]);
+        };
+        m.interleaved_releasing(&release)
+    }
+
+    /// Drops the pages of the map that lie wholly inside `bytes` (a range of it) from this
+    /// process: a later read faults them in again from the file. Only a hint to save memory, so
+    /// a failure is ignored.
+    fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+            let Some(start) = (bytes.as_ptr() as usize).checked_sub(self.mmap.as_ptr() as usize) else { return };
+            let (first, end) = (start.next_multiple_of(page), (start + bytes.len()) / page * page);
+            if end > first && end <= self.mmap.len() {
+                // SAFETY: the map is read-only and file-backed, so dropping its pages loses
+                // nothing: the next access reads them from the file again (the file changing
+                // underneath is outside what any mmap loader guards against, see `open`).
+                let _ =
+                    unsafe { self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first) };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
+
     /// A tensor as stored, read into `device`'s memory.
     fn qtensor(&self, name: &TensorName, device: &Device) -> Result<QTensor> {
         let gguf_name = name.gguf();
@@ -158,7 +202,7 @@ impl WeightSource for GgufSource {
         if to.device.is_cpu()
             && let Some(m) = self.quant_matrix(name, to)?
         {
-            return Ok(Weight::Quant(m));
+            return Ok(Weight::Quant(Arc::new(self.for_matmul(Arc::unwrap_or_clone(m)))));
         }
         let q = self.qtensor(name, &to.device)?;
         self.weight_of(q, to)
@@ -198,7 +242,7 @@ impl WeightSource for GgufSource {
                 .map(|e| {
                     let m = QuantMatrix::new(ty, dims[1], dims[2], bytes.slice(e * per_expert..(e + 1) * per_expert)?)
                         .map_err(|e| bad(format!("tensor `{}`: {e}", stacked.gguf())))?;
-                    Ok(Weight::Quant(Arc::new(m)))
+                    Ok(Weight::Quant(Arc::new(self.for_matmul(m))))
                 })
                 .collect();
         }
@@ -217,15 +261,19 @@ impl WeightSource for GgufSource {
         Ok(out)
     }
 
-    /// Quantized rows stay quantized (lookups dequantize the rows they need) and a tied head
-    /// multiplies by that same matrix: on the CPU the file's blocks in place; float ones keep
-    /// their 16-bit type on a GPU.
+    /// Quantized rows stay quantized (lookups dequantize the rows they need, in place) and a
+    /// tied head multiplies by that same matrix: on the CPU the file's blocks, in place or
+    /// repacked as other matmul weights are; float ones keep their 16-bit type on a GPU.
     fn embedding(&self, name: &TensorName, _shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         if to.device.is_cpu()
             && !self.dequantize
             && let Some(m) = self.quant_matrix(name, to)?
         {
-            let tied_head = tied.then(|| Linear::new(Weight::Quant(Arc::clone(&m))));
+            // A tied head may be repacked; lookups read the rows they need in place.
+            let tied_head = match tied {
+                true => Some(Linear::new(Weight::Quant(Arc::new(self.for_matmul((*m).clone()))))),
+                false => None,
+            };
             return Ok(Embedded { embedding: Embedding::Quant(m), tied_head });
         }
         let device = &to.device;
