@@ -188,6 +188,48 @@ fn dequantize_follows_ggml_formulas() {
     }
 }
 
+/// The largest values every type stores (every value bit set; Q8_0 at -128) against activations
+/// at ±127: where a kernel adds products in 16 bits before widening them, this is where they
+/// would overflow. Every kernel and layout still gives the portable kernel's bits.
+#[test]
+fn extreme_values_stay_exact() {
+    let kernels = kernels();
+    for ty in QuantType::ALL {
+        let (n_out, k) = (16, 2 * ty.block_values());
+        let scales = random_blocks(&mut Rng(9), ty, n_out, k);
+        let mut bytes = vec![if ty == QuantType::Q8_0 { 0x80 } else { 0xFF }; scales.len()];
+        // The scales (and Q6_K's int8 sub-block scales) as random_blocks drew them.
+        let bb = ty.block_bytes();
+        for (block, drawn) in bytes.chunks_exact_mut(bb).zip(scales.chunks_exact(bb)) {
+            let keep: &[std::ops::Range<usize>] = match ty {
+                QuantType::Q4_1 | QuantType::Q5_1 => &[0..4],
+                QuantType::Q4_K | QuantType::Q5_K => &[0..4],
+                QuantType::Q6_K => &[192..210],
+                _ => &[0..2],
+            };
+            for r in keep {
+                block[r.clone()].copy_from_slice(&drawn[r.clone()]);
+            }
+        }
+        let w = QuantMatrix::new(ty, n_out, k, WeightBytes::from_vec(bytes)).unwrap();
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; 3 * k];
+            let want = run(&w, &x, None, QuantKernel::Portable, Split::default());
+            for layout in layouts(&w) {
+                for &kernel in &kernels {
+                    let got = run(&layout, &x, None, kernel, Split::default());
+                    assert!(
+                        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty:?} at the extremes ({sign}): {} on {:?} differs from portable",
+                        kernel.name(),
+                        layout.layout()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// One row alone (a decode step) equals the same row inside a long batch (a prefill), for
 /// every type, on the fastest kernel.
 #[test]

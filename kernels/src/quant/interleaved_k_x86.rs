@@ -43,6 +43,12 @@ unsafe fn scale_min(s: *const u8, j: usize) -> (__m128i, __m128i) {
     }
 }
 
+/// A 32-bit lane's value (a scale in `-128..=127`) in both of its 16-bit halves, for `madd`.
+#[inline(always)]
+unsafe fn pair16(v: __m256i) -> __m256i {
+    unsafe { _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(v)) }
+}
+
 /// Q6_K's two high bits of `qh` placed at bits 4 and 5 of each byte, for a chunk whose values
 /// lie in the first (`low`) or second 32 of their half, low nibbles and high nibbles.
 macro_rules! q6_high {
@@ -81,6 +87,12 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                 let bits45 = _mm256_set1_epi8(0x30);
                 for hv in 0..2 {
                     for kk in 0..4 {
+                        let subs = [8 * hv + kk, 8 * hv + kk + 4];
+                        let sc = subs.map(|s| {
+                            let sc = _mm_loadu_si128(gb.add(p.scales + 16 * s) as *const __m128i);
+                            _mm256_cvtepi8_epi32(if h == 0 { sc } else { _mm_srli_si128::<8>(sc) })
+                        });
+                        let sc16 = sc.map(|sc| pair16(sc));
                         let mut t = [[_mm256_setzero_si256(); 2]; N];
                         for k in 4 * kk..4 * kk + 4 {
                             let l0 = 4 * k;
@@ -91,17 +103,30 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low4);
                             let hi = _mm256_or_si256(hi, _mm256_and_si256(hh, bits45));
                             for n in 0..N {
-                                t[n][0] = D::acc_u8(t[n][0], lo, bx(n, 128 * hv + l0));
-                                t[n][1] = D::acc_u8(t[n][1], hi, bx(n, 128 * hv + l0 + 64));
+                                t[n][0] = D::acc_late(t[n][0], lo, bx(n, 128 * hv + l0));
+                                t[n][1] = D::acc_late(t[n][1], hi, bx(n, 128 * hv + l0 + 64));
+                            }
+                            if D::WIDEN_LATE && k % 2 == 1 {
+                                // Two chunks of 6-bit values: within 16 bits.
+                                for n in 0..N {
+                                    for side in 0..2 {
+                                        let scaled = _mm256_madd_epi16(t[n][side], sc16[side]);
+                                        isum[n] = _mm256_add_epi32(isum[n], scaled);
+                                        t[n][side] = _mm256_setzero_si256();
+                                    }
+                                }
                             }
                         }
-                        for (side, s) in [(0, 8 * hv + kk), (1, 8 * hv + kk + 4)] {
-                            let sc = _mm_loadu_si128(gb.add(p.scales + 16 * s) as *const __m128i);
-                            let sc = _mm256_cvtepi8_epi32(if h == 0 { sc } else { _mm_srli_si128::<8>(sc) });
+                        for side in 0..2 {
                             for n in 0..N {
                                 // The values are stored plus 32: take 32 Σ x back off.
-                                let v = _mm256_sub_epi32(t[n][side], _mm256_set1_epi32(32 * bsum(n, s)));
-                                isum[n] = _mm256_add_epi32(isum[n], _mm256_mullo_epi32(v, sc));
+                                let offset = _mm256_set1_epi32(32 * bsum(n, subs[side]));
+                                isum[n] = if D::WIDEN_LATE {
+                                    _mm256_sub_epi32(isum[n], _mm256_mullo_epi32(offset, sc[side]))
+                                } else {
+                                    let v = _mm256_sub_epi32(t[n][side], offset);
+                                    _mm256_add_epi32(isum[n], _mm256_mullo_epi32(v, sc[side]))
+                                };
                             }
                         }
                     }
@@ -113,7 +138,11 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                 continue;
             }
             let scales = gb.add(p.scales);
+            // 16-bit sums hold eight chunks of 4-bit values, four of 5-bit ones.
+            let flush_every = if T == Q5_K { 4 } else { 8 };
             for c in 0..4 {
+                let sc = [rows8(scale_min(scales, 2 * c).0), rows8(scale_min(scales, 2 * c + 1).0)];
+                let sc16 = sc.map(|sc| pair16(sc));
                 let mut t = [[_mm256_setzero_si256(); 2]; N];
                 for i in 8 * c..8 * c + 8 {
                     let raw = chunk(p.qs, i);
@@ -125,15 +154,24 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                     }
                     let l = 64 * c + 4 * (i % 8);
                     for n in 0..N {
-                        t[n][0] = D::acc_u8(t[n][0], lo, bx(n, l));
-                        t[n][1] = D::acc_u8(t[n][1], hi, bx(n, l + 32));
+                        t[n][0] = D::acc_late(t[n][0], lo, bx(n, l));
+                        t[n][1] = D::acc_late(t[n][1], hi, bx(n, l + 32));
+                    }
+                    if D::WIDEN_LATE && i % flush_every == flush_every - 1 {
+                        for n in 0..N {
+                            for side in 0..2 {
+                                isum[n] = _mm256_add_epi32(isum[n], _mm256_madd_epi16(t[n][side], sc16[side]));
+                                t[n][side] = _mm256_setzero_si256();
+                            }
+                        }
                     }
                 }
-                let s_lo = rows8(scale_min(scales, 2 * c).0);
-                let s_hi = rows8(scale_min(scales, 2 * c + 1).0);
-                for n in 0..N {
-                    let both = _mm256_add_epi32(_mm256_mullo_epi32(t[n][0], s_lo), _mm256_mullo_epi32(t[n][1], s_hi));
-                    isum[n] = _mm256_add_epi32(isum[n], both);
+                if !D::WIDEN_LATE {
+                    for n in 0..N {
+                        let lo = _mm256_mullo_epi32(t[n][0], sc[0]);
+                        let both = _mm256_add_epi32(lo, _mm256_mullo_epi32(t[n][1], sc[1]));
+                        isum[n] = _mm256_add_epi32(isum[n], both);
+                    }
                 }
             }
             let mut msum = [_mm256_setzero_si256(); N];

@@ -38,11 +38,32 @@ const fn offset(t: u8, bias: i32) -> i32 {
 pub(crate) trait Dot {
     /// Added to Q8_0's signed values by [`Dot::acc_i8`] (taken back off with the block's sum).
     const I8_BIAS: i32;
+    /// Whether unsigned weights' products are best added as 16-bit pairs ([`Dot::pairs`]) over
+    /// a few chunks and widened once ([`Dot::widen`], or `madd` with scales): AVX2, whose
+    /// 32-bit products cost `maddubs` + `madd` + add each, against one `vpdpbusd`. The caller
+    /// keeps the 16-bit sums within range: a pair is at most 2 * 63 * 127 = 16002, so two
+    /// chunks of 6-bit values, four of 5-bit ones, eight of 4-bit ones.
+    const WIDEN_LATE: bool;
     /// `acc + Σ w x` over each lane's four bytes, `w` unsigned and at most 31 (AVX2's `maddubs`
     /// never saturates on it).
     unsafe fn acc_u8(acc: __m256i, w: __m256i, x: __m256i) -> __m256i;
     /// `acc + Σ (w + I8_BIAS) x` over each lane's four bytes, `w` signed.
     unsafe fn acc_i8(acc: __m256i, w: __m256i, x: __m256i) -> __m256i;
+    /// `acc + maddubs(w, x)`: neighbouring products summed in pairs, in 16 bits.
+    #[inline(always)]
+    unsafe fn pairs(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)) }
+    }
+    /// 16-bit pairs summed into their 32-bit lanes.
+    #[inline(always)]
+    unsafe fn widen(pairs: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)) }
+    }
+    /// [`Dot::pairs`] where [`Dot::WIDEN_LATE`], else [`Dot::acc_u8`].
+    #[inline(always)]
+    unsafe fn acc_late(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+        unsafe { if Self::WIDEN_LATE { Self::pairs(acc, w, x) } else { Self::acc_u8(acc, w, x) } }
+    }
 }
 
 /// AVX2: `maddubs` into 16-bit pairs, `madd` into 32 bits; signed weights by `abs` / `sign`.
@@ -50,6 +71,7 @@ pub(crate) struct Avx2;
 
 impl Dot for Avx2 {
     const I8_BIAS: i32 = 0;
+    const WIDEN_LATE: bool = true;
     #[inline(always)]
     unsafe fn acc_u8(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
         unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))) }
@@ -67,6 +89,7 @@ macro_rules! vnni {
 
         impl Dot for $name {
             const I8_BIAS: i32 = 128;
+            const WIDEN_LATE: bool = false;
             #[inline(always)]
             unsafe fn acc_u8(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
                 unsafe { $dpbusd(acc, w, x) }
@@ -102,8 +125,9 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
     let p: Parts = parts(TYPES[T as usize]);
     let has_min = p.m.is_some();
     // One chain of sums per activation row when there are several; two for one, so that a
-    // row's products do not all wait on each other. Integer sums: the split changes nothing.
-    let chains = if N == 1 { 2 } else { 1 };
+    // row's products do not all wait on each other, and two wherever 16-bit sums must stay
+    // within four chunks each. Integer sums: the split changes nothing.
+    let chains = if N == 1 || D::WIDEN_LATE { 2 } else { 1 };
     // SAFETY: registers of zeros.
     let mut acc = [unsafe { _mm256_setzero_ps() }; N];
     for b in 0..nb {
@@ -131,8 +155,14 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                         hi = _mm256_or_si256(hi, fifth_bits(gb.add(qh + 8 * (c + 4) + 4 * h)));
                     }
                     for n in 0..N {
-                        s[n][0] = D::acc_u8(s[n][0], lo, bx(n, 4 * c));
-                        s[n][chains - 1] = D::acc_u8(s[n][chains - 1], hi, bx(n, 16 + 4 * c));
+                        s[n][0] = D::acc_late(s[n][0], lo, bx(n, 4 * c));
+                        s[n][chains - 1] = D::acc_late(s[n][chains - 1], hi, bx(n, 16 + 4 * c));
+                    }
+                }
+                if D::WIDEN_LATE {
+                    // Four chunks of values below 32 a side: within 16 bits.
+                    for s in s.iter_mut().flatten() {
+                        *s = D::widen(*s);
                     }
                 }
             }
