@@ -39,7 +39,7 @@ pub(crate) trait Dot {
     /// Added to Q8_0's signed values by [`Dot::acc_i8`] (taken back off with the block's sum).
     const I8_BIAS: i32;
     /// Whether unsigned weights' products are best added as 16-bit pairs ([`Dot::pairs`]) over
-    /// a few chunks and widened once ([`Dot::widen`], or `madd` with scales): AVX2, whose
+    /// a few chunks and widened once by `madd` with the K-quants' scales: AVX2, whose
     /// 32-bit products cost `maddubs` + `madd` + add each, against one `vpdpbusd`. The caller
     /// keeps the 16-bit sums within range: a pair is at most 2 * 63 * 127 = 16002, so two
     /// chunks of 6-bit values, four of 5-bit ones, eight of 4-bit ones.
@@ -53,11 +53,6 @@ pub(crate) trait Dot {
     #[inline(always)]
     unsafe fn pairs(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
         unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)) }
-    }
-    /// 16-bit pairs summed into their 32-bit lanes.
-    #[inline(always)]
-    unsafe fn widen(pairs: __m256i) -> __m256i {
-        unsafe { _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)) }
     }
     /// [`Dot::pairs`] where [`Dot::WIDEN_LATE`], else [`Dot::acc_u8`].
     #[inline(always)]
@@ -125,9 +120,10 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
     let p: Parts = parts(TYPES[T as usize]);
     let has_min = p.m.is_some();
     // One chain of sums per activation row when there are several; two for one, so that a
-    // row's products do not all wait on each other, and two wherever 16-bit sums must stay
-    // within four chunks each. Integer sums: the split changes nothing.
-    let chains = if N == 1 || D::WIDEN_LATE { 2 } else { 1 };
+    // row's products do not all wait on each other. Integer sums: the split changes nothing.
+    // (16-bit pairs, as the K-quants add them on AVX2, would need two sums per row here and
+    // so two passes over the weights for four rows: the default model's prefill lost 25%.)
+    let chains = if N == 1 { 2 } else { 1 };
     // SAFETY: registers of zeros.
     let mut acc = [unsafe { _mm256_setzero_ps() }; N];
     for b in 0..nb {
@@ -155,14 +151,8 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
                         hi = _mm256_or_si256(hi, fifth_bits(gb.add(qh + 8 * (c + 4) + 4 * h)));
                     }
                     for n in 0..N {
-                        s[n][0] = D::acc_late(s[n][0], lo, bx(n, 4 * c));
-                        s[n][chains - 1] = D::acc_late(s[n][chains - 1], hi, bx(n, 16 + 4 * c));
-                    }
-                }
-                if D::WIDEN_LATE {
-                    // Four chunks of values below 32 a side: within 16 bits.
-                    for s in s.iter_mut().flatten() {
-                        *s = D::widen(*s);
+                        s[n][0] = D::acc_u8(s[n][0], lo, bx(n, 4 * c));
+                        s[n][chains - 1] = D::acc_u8(s[n][chains - 1], hi, bx(n, 16 + 4 * c));
                     }
                 }
             }
