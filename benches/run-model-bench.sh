@@ -11,7 +11,8 @@
 #                  (on a shared machine the best round is the one least disturbed)
 #   MODELS="smollm2 qwen3"   which models (also: qwen-coder, the server's default model;
 #                  qwen35, Qwen3.5-0.8B-shaped; qwen3moe, Qwen3-30B-A3B-shaped with 2 layers;
-#                  qwen3np and qwen3moenp, those Qwen3 shapes drawn without torch)
+#                  qwen3np, qwen3moenp and qwen35np, the qwen3, qwen3moe and qwen35 shapes
+#                  drawn without torch)
 #   PP=512,2048    prompt sizes (e.g. 512,2048,8192 for the cold 8k prefill)
 #   UBATCH=512     most prompt tokens per forward, for both (llama-bench's -ub default; the
 #                  server's --batch-tokens default, so a prompt is prefilled as the server does)
@@ -82,7 +83,8 @@ out, rounds, models = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 names = {"smollm2": "SmolLM2-135M Q4_1", "qwen3": "Qwen3-0.6B-shaped Q4_K_M",
          "qwen-coder": "Qwen2.5-Coder-0.5B Q4_K_M", "qwen35": "Qwen3.5-0.8B-shaped Q4_K_M",
          "qwen3moe": "Qwen3-30B-A3B-shaped (2 layers) Q4_K_M", "qwen3np": "Qwen3-0.6B-shaped (numpy) Q4_K_M",
-         "qwen3moenp": "Qwen3-30B-A3B-shaped (numpy, 2 layers) Q4_K_M"}
+         "qwen3moenp": "Qwen3-30B-A3B-shaped (numpy, 2 layers) Q4_K_M",
+         "qwen35np": "Qwen3.5-0.8B-shaped (numpy) Q4_K_M"}
 o0 = json.load(open(f"{out}/ours-{models[0]}-1.json"))
 print(f"ours: {o0['threads']} model threads, CANDLE_NUM_THREADS={o0.get('candle_num_threads')}; "
       f"llama.cpp: -t {o0['threads']}; best of {rounds} round(s)\n")

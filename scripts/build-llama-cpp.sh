@@ -14,6 +14,10 @@
 # SIGILL in `tilezero`. The instruction sets are named instead, from /proc/cpuinfo, AMX always
 # off; the VARIANT (e.g. avx2-avx512-vnni) names the build, and bin-VARIANT/build-flags.txt
 # records its cmake flags for the benchmark reports.
+#
+# RADIX_CPU_ISA (ours: portable, avx2, avxvnni, avx512) caps llama.cpp's instruction sets the
+# same way, so that a benchmark forcing our lower path compares against llama.cpp built for it
+# (avx2: AVX, AVX2, FMA, F16C, BMI2; avxvnni: those and AVX-VNNI; portable: none of them).
 set -euo pipefail
 
 version=0.3.36
@@ -28,10 +32,16 @@ die() { echo "build-llama-cpp.sh: $*" >&2; exit 1; }
 cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 isa=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 variant=""
+case "$(echo "${RADIX_CPU_ISA:-}" | tr 'A-Z' 'a-z')" in
+  portable | generic) allowed="" ;;
+  avx2) allowed=" avx avx2 fma f16c bmi2 " ;;
+  avxvnni | avx-vnni | vnni) allowed=" avx avx2 fma f16c bmi2 avx_vnni " ;;
+  *) allowed="$cpu_flags" ;;
+esac
 for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
   avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
   flag=${pair%%:*} option=${pair#*:}
-  if [[ "$cpu_flags" == *" $flag "* ]]; then
+  if [[ "$cpu_flags" == *" $flag "* && "$allowed" == *" $flag "* ]]; then
     isa+=("-DGGML_$option=ON")
     variant+="${variant:+-}$(echo "$option" | tr 'A-Z_' 'a-z-')"
   else
