@@ -143,11 +143,6 @@ impl GgufSource {
         m.interleaved_releasing(&release)
     }
 
-    /// Where `bytes` (a range of the map) starts in it.
-    fn offset_in_map(&self, bytes: &[u8]) -> usize {
-        bytes.as_ptr() as usize - self.mmap.as_ptr() as usize
-    }
-
     /// Drops the pages of the map that lie wholly inside `bytes` (a range of it) from this
     /// process: a later read faults them in again from the file. Only a hint to save memory, so
     /// a failure is ignored.
@@ -266,26 +261,19 @@ impl WeightSource for GgufSource {
         Ok(out)
     }
 
-    /// Quantized rows stay quantized (lookups dequantize the rows they need, in place) and a
-    /// tied head multiplies by that same matrix: on the CPU the file's blocks, in place or
-    /// repacked as other matmul weights are; float ones keep their 16-bit type on a GPU.
+    /// Quantized rows stay quantized (lookups dequantize the rows they need) and a tied head
+    /// multiplies by that same matrix: on the CPU the file's blocks in place, or, tied, the
+    /// copy repacked as other matmul weights are; float ones keep their 16-bit type on a GPU.
     fn embedding(&self, name: &TensorName, _shape: [usize; 2], tied: bool, to: &mut Target) -> Result<Embedded> {
         if to.device.is_cpu()
             && !self.dequantize
             && let Some(m) = self.quant_matrix(name, to)?
         {
-            // A tied head may be repacked; lookups read the rows they need in place.
-            let tied_head = match tied {
-                true => Some(Linear::new(Weight::Quant(Arc::new(self.for_matmul((*m).clone()))))),
-                false => None,
-            };
-            #[cfg(unix)]
-            if !tied || QuantMatrix::interleaving_wins(m.ty()) {
-                // Only lookups read these pages: without the hint each one faults in the
-                // kernel's read-around window, and a 2048-token prompt kept 59 MiB of the
-                // Qwen3-0.6B shape's table resident for its 8 MiB of rows.
-                let _ = self.mmap.advise_range(memmap2::Advice::Random, self.offset_in_map(m.bytes()), m.bytes().len());
-            }
+            // A tied head may be repacked; lookups then read that copy too, so the file's pages
+            // are not kept beside it (a lookup through the map faults in its neighbours too:
+            // 54 MiB of the Qwen3-0.6B shape's table resident after a 2048-token prompt).
+            let m = if tied { Arc::new(self.for_matmul(Arc::unwrap_or_clone(m))) } else { m };
+            let tied_head = tied.then(|| Linear::new(Weight::Quant(Arc::clone(&m))));
             return Ok(Embedded { embedding: Embedding::Quant(m), tied_head });
         }
         let device = &to.device;
