@@ -201,15 +201,12 @@ fn extreme_values_stay_exact() {
         // The scales (and Q6_K's int8 sub-block scales) as random_blocks drew them.
         let bb = ty.block_bytes();
         for (block, drawn) in bytes.chunks_exact_mut(bb).zip(scales.chunks_exact(bb)) {
-            let keep: &[std::ops::Range<usize>] = match ty {
-                QuantType::Q4_1 | QuantType::Q5_1 => &[0..4],
-                QuantType::Q4_K | QuantType::Q5_K => &[0..4],
-                QuantType::Q6_K => &[192..210],
-                _ => &[0..2],
+            let keep = match ty {
+                QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4_K | QuantType::Q5_K => 0..4,
+                QuantType::Q6_K => 192..210,
+                _ => 0..2,
             };
-            for r in keep {
-                block[r.clone()].copy_from_slice(&drawn[r.clone()]);
-            }
+            block[keep.clone()].copy_from_slice(&drawn[keep]);
         }
         let w = QuantMatrix::new(ty, n_out, k, WeightBytes::from_vec(bytes)).unwrap();
         for sign in [1.0f32, -1.0] {
