@@ -74,6 +74,19 @@ fn run(w: &QuantMatrix, x: &[f32], rows: Option<&[u32]>, kernel: QuantKernel, sp
     out
 }
 
+/// Every kernel of `kernels` gives bitwise `want` for `x` times `w` (`what` names the case).
+fn assert_kernels_give(w: &QuantMatrix, x: &[f32], want: &[f32], kernels: &[QuantKernel], what: &str) {
+    for &kernel in kernels {
+        let got = run(w, x, None, kernel, Split::default());
+        assert!(
+            got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: {} on {:?} differs from portable in place",
+            kernel.name(),
+            w.layout()
+        );
+    }
+}
+
 /// The kernels this CPU runs; the others are reported as skipped, with why.
 fn kernels() -> Vec<QuantKernel> {
     QuantKernel::ALL
@@ -114,15 +127,7 @@ fn every_type_matches_references_and_kernels_agree() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
             let want = run(&w, &x, None, QuantKernel::Portable, Split::default());
             for layout in layouts(&w) {
-                for &kernel in &kernels {
-                    let got = run(&layout, &x, None, kernel, Split::default());
-                    assert!(
-                        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{ty:?} {n_out}x{k}, {m} rows: {} on {:?} differs from portable in place",
-                        kernel.name(),
-                        layout.layout()
-                    );
-                }
+                assert_kernels_give(&layout, &x, &want, &kernels, &format!("{ty:?} {n_out}x{k}, {m} rows"));
                 let rows = |w: &QuantMatrix| -> Vec<u32> {
                     let mut all = vec![0.0f32; n_out * k];
                     for (r, row) in all.chunks_exact_mut(k).enumerate() {
@@ -213,15 +218,7 @@ fn extreme_values_stay_exact() {
             let x = vec![sign; 3 * k];
             let want = run(&w, &x, None, QuantKernel::Portable, Split::default());
             for layout in layouts(&w) {
-                for &kernel in &kernels {
-                    let got = run(&layout, &x, None, kernel, Split::default());
-                    assert!(
-                        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{ty:?} at the extremes ({sign}): {} on {:?} differs from portable",
-                        kernel.name(),
-                        layout.layout()
-                    );
-                }
+                assert_kernels_give(&layout, &x, &want, &kernels, &format!("{ty:?} at the extremes ({sign})"));
             }
         }
     }

@@ -304,39 +304,62 @@ unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row],
     }
 }
 
-/// A group on AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; `g` holds `nb` group blocks of `ty`, each of
-/// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to 4.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn group_avx2(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
-    unsafe { halves::<Avx2>(ty, g, nb, acts, out) }
-}
-
-/// [`group_avx2`] with AVX-VNNI's products.
-///
-/// # Safety
-/// As [`group_avx2`], and the CPU must support AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(crate) unsafe fn group_avxvnni(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
-    unsafe { halves::<AvxVnni>(ty, g, nb, acts, out) }
-}
-
-/// [`group_avx2`] with AVX-512 VNNI's 256-bit products.
-///
-/// # Safety
-/// As [`group_avx2`], and the CPU must support AVX-512 VNNI and VL.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-pub(crate) unsafe fn group_avx512vnni_256(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
-    unsafe { halves::<Avx512Vnni>(ty, g, nb, acts, out) }
-}
-
-/// A group on 512-bit vectors.
-///
-/// # Safety
-/// As [`group_avx2`], and the CPU must support AVX-512 F, BW and VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub(crate) unsafe fn group_avx512(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
+/// A group of this file's types on 512-bit vectors (see [`entry_points`]).
+#[inline(always)]
+unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
+    // SAFETY: the caller's.
     unsafe { by_type_and_n!(ty, acts, |T, N, x| whole::<T, N>(g, nb, x, out)) }
 }
+
+/// The four entry points of one family of group kernels, `$row` its activation rows: the file
+/// that invokes it defines `halves::<D>` (256-bit, both 8-row halves) and `whole_group`
+/// (512-bit) with the same arguments.
+macro_rules! entry_points {
+    ($row:ty) => {
+        /// A group on AVX2.
+        ///
+        /// # Safety
+        /// The CPU must support AVX2, FMA and F16C; `g` holds `nb` group blocks of `ty`, each of
+        /// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to 4.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(crate) unsafe fn group_avx2(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
+            unsafe { halves::<$crate::quant::interleaved_x86::Avx2>(ty, g, nb, acts, out) }
+        }
+
+        /// [`group_avx2`] with AVX-VNNI's products.
+        ///
+        /// # Safety
+        /// As [`group_avx2`], and the CPU must support AVX-VNNI.
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub(crate) unsafe fn group_avxvnni(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
+            unsafe { halves::<$crate::quant::interleaved_x86::AvxVnni>(ty, g, nb, acts, out) }
+        }
+
+        /// [`group_avx2`] with AVX-512 VNNI's 256-bit products.
+        ///
+        /// # Safety
+        /// As [`group_avx2`], and the CPU must support AVX-512 VNNI and VL.
+        #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+        pub(crate) unsafe fn group_avx512vnni_256(
+            ty: QuantType,
+            g: *const u8,
+            nb: usize,
+            acts: &[$row],
+            out: &mut [f32],
+        ) {
+            unsafe { halves::<$crate::quant::interleaved_x86::Avx512Vnni>(ty, g, nb, acts, out) }
+        }
+
+        /// A group on 512-bit vectors.
+        ///
+        /// # Safety
+        /// As [`group_avx2`], and the CPU must support AVX-512 F, BW and VNNI.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        pub(crate) unsafe fn group_avx512(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
+            unsafe { whole_group(ty, g, nb, acts, out) }
+        }
+    };
+}
+pub(crate) use entry_points;
+
+entry_points!(Q8Row);
