@@ -82,8 +82,8 @@ pub(crate) fn quant_type(dtype: GgmlDType) -> Option<QuantType> {
 /// The load note naming the kernels the quantized matmuls run on.
 pub(crate) fn kernel_note() -> String {
     let kernel = radix_kernels::quant::QuantKernel::Auto.resolve();
-    let layout = match QuantMatrix::interleaving_wins(QuantType::Q8_0) {
-        true => "K-quants read in place from the mapped file, 32-value types repacked at load into 16-row groups",
+    let layout = match QuantMatrix::interleaving_wins() {
+        true => "matmul weights repacked at load into 16-row groups from the mapped file",
         false => "weights read in place from the mapped file",
     };
     format!("quantized matmuls run on radix-kernels' {} kernels, {layout}", kernel.name())

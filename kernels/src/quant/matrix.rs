@@ -83,7 +83,7 @@ const TILE_BYTES: usize = 96 * 1024;
 const SERIAL_WORK: usize = 1 << 16;
 
 /// The environment variable that keeps every matrix in the file's layout (`in-place`) rather
-/// than interleaving the 32-value types at load (`interleaved`, the default): for A/B runs.
+/// than interleaving matmul weights at load (`interleaved`, the default): for A/B runs.
 pub const WEIGHT_LAYOUT_ENV: &str = "RADIX_WEIGHT_LAYOUT";
 
 /// How a [`QuantMatrix`]'s blocks lie.
@@ -91,7 +91,7 @@ pub const WEIGHT_LAYOUT_ENV: &str = "RADIX_WEIGHT_LAYOUT";
 pub enum Layout {
     /// As in a GGUF file: each row's blocks in order, read in place.
     InPlace,
-    /// The 32-value types repacked in groups of 16 rows (`kernels/src/quant/interleaved.rs`):
+    /// Repacked in groups of 16 rows (`kernels/src/quant/interleaved.rs`, `interleaved_k.rs`):
     /// the same bytes per row, multiplied without horizontal reductions.
     Interleaved,
 }
@@ -163,8 +163,7 @@ impl QuantMatrix {
         };
         let len = interleaved::interleaved_len(self.ty, self.n_out, self.k);
         // Pages of their own rather than the malloc heap: weights live as long as the model,
-        // and among the heap's short-lived activation buffers they would pin its freed holes
-        // (a prefill of 2048 tokens of the Qwen3-0.6B shape peaked 120 MiB higher).
+        // and the one arena the forward's short-lived buffers churn in need not hold them.
         let data = match memmap2::MmapMut::map_anon(len) {
             Ok(mut map) => {
                 interleaved::interleave(self.ty, self.n_out, self.k, source, &mut map, &done);
@@ -180,10 +179,9 @@ impl QuantMatrix {
     }
 
     /// Whether the matmuls of this process run faster on [`interleaved`](Self::interleaved)
-    /// copies of matrices of type `ty` than on the file's blocks in place: wherever an x86
-    /// kernel runs, unless `RADIX_WEIGHT_LAYOUT=in-place`.
-    pub fn interleaving_wins(ty: QuantType) -> bool {
-        let _ = ty;
+    /// copies than on the file's blocks in place: wherever an x86 kernel runs, unless
+    /// `RADIX_WEIGHT_LAYOUT=in-place`.
+    pub fn interleaving_wins() -> bool {
         QuantKernel::Auto.resolve() != QuantKernel::Portable && !in_place_forced()
     }
 

@@ -1,10 +1,9 @@
 //! GGUF files as llama.cpp's converter lays them out. The header is read through candle's
 //! reader; the file is memory-mapped, and on the CPU every quantized matrix of a type
-//! radix-kernels multiplies is its blocks in the map: the K-quants read in place (no copy, no
-//! conversion: the weights are page cache, as llama.cpp's are), the 32-value types' matmul
-//! weights repacked once into the interleaved layout of the same size where that runs faster
-//! (`QuantMatrix::interleaving_wins`), after which the file's pages are released, so the weights
-//! are resident once. Float tensors, quantized types without a kernel of ours and every tensor
+//! radix-kernels multiplies is its blocks in the map: matmul weights repacked once into the
+//! interleaved layout of the same size where that runs faster (`QuantMatrix::interleaving_wins`:
+//! x86), the file's pages released as each is copied, so the weights are resident once; else,
+//! and for untied embedding rows, read in place (page cache, as llama.cpp's weights are). Float tensors, quantized types without a kernel of ours and every tensor
 //! bound for a GPU are read through candle. A corrupt file is an error naming the file rather
 //! than a panic inside the reader.
 
@@ -116,7 +115,7 @@ impl GgufSource {
     }
 
     /// A quantized matrix read in place, if [`mapped`](Self::mapped) finds one.
-    fn quant_matrix(&self, name: &TensorName, to: &mut Target) -> Result<Option<Arc<QuantMatrix>>> {
+    fn quant_matrix(&self, name: &TensorName, to: &mut Target) -> Result<Option<QuantMatrix>> {
         let Some((ty, dims, bytes)) = self.mapped(name)? else { return Ok(None) };
         let &[n_out, k] = dims.as_slice() else { return Ok(None) };
         let m = QuantMatrix::new(ty, n_out, k, bytes).map_err(|e| ModelError::BadFile {
@@ -124,13 +123,13 @@ impl GgufSource {
             message: format!("tensor `{}`: {e}", name.gguf()),
         })?;
         to.note(kernel_note());
-        Ok(Some(Arc::new(m)))
+        Ok(Some(m))
     }
 
     /// `m` (blocks in the map) as its matmuls run fastest: an interleaved copy where that wins,
     /// the map's pages it was read from then released; else `m` itself.
     fn for_matmul(&self, m: QuantMatrix) -> QuantMatrix {
-        if !QuantMatrix::interleaving_wins(m.ty()) {
+        if !QuantMatrix::interleaving_wins() {
             return m;
         }
         // Released from the tensor's start each time, so that no page straddling two pieces
@@ -202,7 +201,7 @@ impl WeightSource for GgufSource {
         if to.device.is_cpu()
             && let Some(m) = self.quant_matrix(name, to)?
         {
-            return Ok(Weight::Quant(Arc::new(self.for_matmul(Arc::unwrap_or_clone(m)))));
+            return Ok(Weight::Quant(Arc::new(self.for_matmul(m))));
         }
         let q = self.qtensor(name, &to.device)?;
         self.weight_of(q, to)
@@ -272,7 +271,7 @@ impl WeightSource for GgufSource {
             // A tied head may be repacked; lookups then read that copy too, so the file's pages
             // are not kept beside it (a lookup through the map faults in its neighbours too:
             // 54 MiB of the Qwen3-0.6B shape's table resident after a 2048-token prompt).
-            let m = if tied { Arc::new(self.for_matmul(Arc::unwrap_or_clone(m))) } else { m };
+            let m = Arc::new(if tied { self.for_matmul(m) } else { m });
             let tied_head = tied.then(|| Linear::new(Weight::Quant(Arc::clone(&m))));
             return Ok(Embedded { embedding: Embedding::Quant(m), tied_head });
         }
