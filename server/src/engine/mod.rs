@@ -1,9 +1,11 @@
 //! The engine, owned by one engine thread (ARCHITECTURE.md §1, §3): each step schedules
 //! (`scheduler.rs`), runs one forward pass, and postprocesses the logits (`postprocess.rs`:
-//! sampling, constraints, stop tokens and stop strings); the prefix cache (`prefix_cache.rs`
-//! over the radix tree in `radix.rs` and the page allocator in `pages.rs`) owns every page; the
-//! disk tier (`disk_tier/`) keeps the tree's pages in files too, across evictions and restarts.
+//! sampling, constraints, stop tokens and stop strings); the request cache (`cache/`: the
+//! prefix cache over the radix tree in `radix.rs` and the page allocator, the state slots and
+//! snapshots, and the disk tier in `disk_tier/`, which keeps the tree's pages in files too,
+//! across evictions and restarts) owns every page and slot a request holds.
 
+mod cache;
 pub mod cache_key;
 pub mod cache_report;
 pub mod constraint;
@@ -11,9 +13,7 @@ pub mod core;
 pub mod disk_tier;
 pub mod handle;
 pub mod metrics;
-pub mod pages;
 mod postprocess;
-mod prefix_cache;
 pub mod radix;
 pub mod request;
 pub mod sampler;
@@ -21,6 +21,7 @@ mod scheduler;
 mod sequence;
 pub mod stop;
 
+pub use cache::pages::PageAllocator;
 pub use cache_key::{CacheKey, CacheNamespace};
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
 pub use constraint::{Constraint, ConstraintFactory};
@@ -29,7 +30,6 @@ pub use disk_tier::identity::build_id;
 pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};
-pub use pages::PageAllocator;
 pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit, SnapshotPrefix};
 pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};

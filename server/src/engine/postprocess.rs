@@ -4,11 +4,10 @@
 //! (stop token, stop string, complete grammar, `max_tokens`, context).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use radix_models::tokenizer::Tokenizer;
 
-use super::request::{EngineEvent, FinishReason, GenerateRequest, TokenLogprobs};
+use super::request::{GenerateRequest, TokenLogprobs};
 use super::scheduler::Member;
 use super::sequence::{Ending, Sequence};
 use super::stop::StopText;
@@ -57,7 +56,10 @@ impl Postprocess {
         for (row, member) in members.iter().filter(|m| m.wants_logits).enumerate() {
             let seq = &mut running[member.index];
             let ending = match self.next_token(seq, logits, row, &mut device_argmax) {
-                Ok((token, raw)) => self.accept(seq, token, raw),
+                Ok((token, raw)) => {
+                    let logprobs = raw.map(|(raw, top)| TokenLogprobs::from_logits(&raw, token, top));
+                    seq.accept(token, logprobs, self.max_context)
+                }
                 Err(message) => Some(Ending::Failed(message)),
             };
             if let Some(ending) = ending {
@@ -78,11 +80,7 @@ impl Postprocess {
     ) -> Result<(u32, RawRow), String> {
         // Plain greedy rows of logits on a GPU are decided there: one id comes back instead of
         // the vocabulary.
-        // A lazy constraint that masks nothing yet (or never will) leaves the row plain.
-        let plain_greedy = seq.sampler.is_plain_greedy()
-            && seq.request.constraint.as_ref().is_none_or(|c| !c.masking())
-            && seq.request.sampling.logprobs.is_none();
-        if logits.on_device && plain_greedy {
+        if logits.on_device && seq.is_plain_greedy() {
             let ids = device_argmax.get_or_insert_with(|| (logits.argmax)().ok());
             if let Some(&token) = ids.as_ref().and_then(|ids| ids.get(row)) {
                 return Ok((token, None));
@@ -94,42 +92,7 @@ impl Postprocess {
             return Err(format!("the model produced a non-finite logit ({bad}) for this sequence"));
         }
         // Logprobs are the model's distribution, before masks and penalties change the row.
-        let raw = seq.request.sampling.logprobs.map(|top| (logits_row.clone(), top));
-        if let Some(constraint) = seq.request.constraint.as_mut() {
-            constraint.mask_logits(&mut logits_row, &seq.request.stop_tokens)?;
-        }
-        Ok((seq.sampler.sample(&mut logits_row), raw))
-    }
-
-    /// Takes `token` into the sequence and tells the client; returns how the sequence ends, if
-    /// it does.
-    fn accept(&self, seq: &mut Sequence, token: u32, raw: RawRow) -> Option<Ending> {
-        seq.sampler.accept(token);
-        seq.first_token.get_or_insert_with(Instant::now);
-        if seq.request.stop_tokens.contains(&token) {
-            return Some(Ending::Finished(FinishReason::Stop));
-        }
-        // A complete grammar ends the reply right after its last token.
-        let grammar_done = match seq.request.constraint.as_mut().map(|c| c.accept(token).map(|()| c.is_finished())) {
-            Some(Err(e)) => return Some(Ending::Failed(e)),
-            Some(Ok(finished)) => finished,
-            None => false,
-        };
-        seq.tokens.push(token);
-        if let Some((raw, top)) = raw {
-            let _ = seq.events.send(EngineEvent::Logprobs(TokenLogprobs::from_logits(&raw, token, top)));
-        }
-        let (text, stop_string) = seq.text.push(token);
-        if seq.events.send(EngineEvent::Token { id: token, text }).is_err() {
-            Some(Ending::Abandoned)
-        } else if let Some(word) = stop_string {
-            Some(Ending::Finished(FinishReason::StopString(word)))
-        } else if grammar_done {
-            Some(Ending::Finished(FinishReason::Stop))
-        } else if seq.generated() >= seq.request.max_tokens || seq.tokens.len() >= self.max_context {
-            Some(Ending::Finished(FinishReason::Length))
-        } else {
-            None
-        }
+        let raw = seq.top_logprobs().map(|top| (logits_row.clone(), top));
+        Ok((seq.sample(&mut logits_row)?, raw))
     }
 }

@@ -115,6 +115,12 @@ impl Sampler {
         }
     }
 
+    /// Draws from where `other`'s random stream is: a sampler rebuilt after a truncation goes
+    /// on with the stream instead of starting it again.
+    pub(crate) fn continue_stream_of(&mut self, other: &Sampler) {
+        self.rng = other.rng.clone();
+    }
+
     /// Whether [`sample`](Self::sample) is a bare argmax: greedy and no penalty, so the
     /// largest logit can be found where the logits are (on a GPU) without copying them back.
     pub fn is_plain_greedy(&self) -> bool {

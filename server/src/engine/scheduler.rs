@@ -3,12 +3,11 @@
 //! decode tokens and prefill chunks, and the pages decoding sequences grow into.
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::time::Duration;
 
 use radix_models::ForwardBatch;
 
-use super::prefix_cache::PrefixCache;
+use super::cache::{Placement, RequestCache};
 use super::sequence::Sequence;
 
 /// A waiting request older than this is admitted before better-cached newer ones.
@@ -40,11 +39,6 @@ impl Scheduler {
     /// An empty scheduler with these limits.
     pub(crate) fn new(max_running: usize, batch_tokens: usize) -> Self {
         Scheduler { waiting: VecDeque::new(), running: Vec::new(), max_running, batch_tokens: batch_tokens.max(1) }
-    }
-
-    /// Most sequences running at once.
-    pub(crate) fn max_running(&self) -> usize {
-        self.max_running
     }
 
     /// Queues a request.
@@ -99,32 +93,32 @@ impl Scheduler {
     /// Admits waiting requests while there is room: the one that has waited too long first,
     /// else the one with the longest cached prefix. A request whose pages cannot be had even
     /// after evicting unused cache stays waiting; running sequences are never disturbed.
-    /// Returns the running indices of the newly admitted.
-    pub(crate) fn admit(&mut self, cache: &mut PrefixCache) -> Range<usize> {
-        let before = self.running.len();
+    /// Returns the running indices of the newly admitted, with where their prompts were found.
+    pub(crate) fn admit(&mut self, cache: &mut RequestCache) -> Vec<(usize, Placement)> {
+        let mut admitted = Vec::new();
         while self.running.len() < self.max_running && !self.waiting.is_empty() {
             let Some(index) = self.candidate(cache) else { break };
             let mut seq = self.waiting.remove(index).expect("index in range");
-            if !cache.place(&mut seq) {
+            let Some(placement) = cache.place(&mut seq) else {
                 self.waiting.insert(index, seq);
                 break;
-            }
+            };
+            admitted.push((self.running.len(), placement));
             self.running.push(seq);
         }
-        before..self.running.len()
+        admitted
     }
 
     /// The waiting request to admit next, if any may be.
-    fn candidate(&self, cache: &mut PrefixCache) -> Option<usize> {
+    fn candidate(&self, cache: &mut RequestCache) -> Option<usize> {
         let mut candidate = None;
         let mut best_cached = 0;
         for (i, seq) in self.waiting.iter().enumerate() {
-            let use_cache = seq.request.use_cache;
-            let cached = cache.cached_len(seq, seq.prompt_len - 1);
-            if cache.serves(use_cache) && self.shares_a_running_prefill(seq, cached, cache.page_size()) {
+            let cached = cache.cached_prompt(seq);
+            if cache.serves(seq.request().use_cache) && self.shares_a_running_prefill(seq, cached, cache.page_size()) {
                 continue;
             }
-            if i == 0 && seq.arrived.elapsed() > AGING {
+            if i == 0 && seq.arrived().elapsed() > AGING {
                 return Some(0);
             }
             if candidate.is_none() || cached > best_cached {
@@ -138,18 +132,19 @@ impl Scheduler {
     /// Whether a running prefill will soon put more of this prompt into the cache than it holds
     /// now: admitting it then would compute the shared part twice.
     fn shares_a_running_prefill(&self, seq: &Sequence, cached: usize, page_size: usize) -> bool {
-        let prompt = &seq.tokens[..seq.prompt_len - 1];
+        let prompt = &seq.tokens()[..seq.prompt_len() - 1];
         self.running.iter().any(|r| {
-            r.computed < r.prompt_len
-                && r.request.use_cache
-                && r.request.cache_namespace == seq.request.cache_namespace
-                && r.tokens[..r.prompt_len].iter().zip(prompt).take_while(|(a, b)| a == b).count() >= cached + page_size
+            r.lease().computed() < r.prompt_len()
+                && r.request().use_cache
+                && r.request().cache_namespace == seq.request().cache_namespace
+                && r.tokens()[..r.prompt_len()].iter().zip(prompt).take_while(|(a, b)| a == b).count()
+                    >= cached + page_size
         })
     }
 
     /// Gives each decoding sequence a page for its next token when it crosses a page boundary;
     /// takes out those the full pool cannot serve.
-    pub(crate) fn grow_decode_pages(&mut self, cache: &mut PrefixCache) -> Vec<Sequence> {
+    pub(crate) fn grow_decode_pages(&mut self, cache: &mut RequestCache) -> Vec<Sequence> {
         self.remove_where(|s| !cache.grow(s))
     }
 
@@ -158,7 +153,7 @@ impl Scheduler {
         let mut batch = ForwardBatch::default();
         let mut members = Vec::new();
         let mut budget = self.batch_tokens;
-        let decoding = |s: &Sequence| s.tokens.len() - s.computed == 1;
+        let decoding = |s: &Sequence| s.tokens().len() - s.lease().computed() == 1;
         let order = (0..self.running.len())
             .filter(|&i| decoding(&self.running[i]))
             .chain((0..self.running.len()).filter(|&i| !decoding(&self.running[i])));
@@ -166,15 +161,22 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            let seq = &self.running[index];
-            let mut end = seq.tokens.len().min(seq.computed + budget);
+            let (seq, lease) = (&self.running[index], self.running[index].lease());
+            let (tokens, computed) = (seq.tokens(), lease.computed());
+            let mut end = tokens.len().min(computed + budget);
             // A chunk ends at the next snapshot point, so the state there can be saved.
-            if let Some(&point) = seq.snapshot_points.last().filter(|&&p| p > seq.computed) {
+            if let Some(point) = lease.next_snapshot_point() {
                 end = end.min(point);
             }
-            let wants_logits = end == seq.tokens.len();
-            batch.push_with_state(&seq.tokens[seq.computed..end], end, seq.pages.clone(), wants_logits, seq.state_slot);
-            budget -= end - seq.computed;
+            let wants_logits = end == tokens.len();
+            batch.push_with_state(
+                &tokens[computed..end],
+                end,
+                lease.pages().to_vec(),
+                wants_logits,
+                lease.state_slot(),
+            );
+            budget -= end - computed;
             members.push(Member { index, end, wants_logits });
         }
         (batch, members)

@@ -1,6 +1,7 @@
-//! A request's whole life in the KV cache: place its prompt (match, lock, allocate), share its
-//! prefill while it runs, grow its pages while it decodes, insert what it computed when it
-//! ends, release the rest, and evict unused cache to make room (ARCHITECTURE.md §3).
+//! The radix tree and the page allocator under one set of rules: place a prompt (match, lock,
+//! allocate), share its prefill while it runs, grow its pages while it decodes, insert what it
+//! computed when it ends, release the rest, and evict unused cache to make room
+//! (ARCHITECTURE.md §3). The request cache (`mod.rs`) drives these for each lease.
 //!
 //! Page ownership (ARCHITECTURE.md §3 invariant 1): every page is free, in the tree, or private to
 //! exactly one running sequence. A sequence's page table starts with the pages of its matched
@@ -15,9 +16,10 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
+use super::lease::CacheLease;
 use super::pages::PageAllocator;
-use super::radix::{RadixCache, SnapshotPrefix};
-use super::sequence::Sequence;
+use crate::engine::radix::{RadixCache, SnapshotPrefix};
+use crate::engine::sequence::SequenceView;
 
 /// The radix tree and the page allocator, and every rule about who owns which page.
 #[derive(Debug)]
@@ -109,16 +111,17 @@ impl PrefixCache {
 
     /// Files the sequence's snapshots of at most `upto` tokens in the tree (its KV must be
     /// there), freeing those the tree does not take.
-    fn file_snapshots(&mut self, seq: &mut Sequence, upto: usize) {
+    fn file_snapshots(&mut self, seq: SequenceView, lease: &mut CacheLease, upto: usize) {
         let mut later = Vec::new();
-        for (len, slot) in std::mem::take(&mut seq.snapshots) {
+        for (len, slot) in std::mem::take(&mut lease.snapshots) {
+            let expected = lease.expects_resume_at(len, seq.prompt_len);
             if len > upto {
                 later.push((len, slot));
-            } else if let Err(slot) = self.tree.attach_snapshot(seq.cache_key(len), slot, seq.expects_resume_at(len)) {
+            } else if let Err(slot) = self.tree.attach_snapshot(seq.cache_key(len), slot, expected) {
                 self.free_snapshot(slot);
             }
         }
-        seq.snapshots = later;
+        lease.snapshots = later;
     }
 
     /// Tokens per page.
@@ -146,7 +149,6 @@ impl PrefixCache {
         self.evicted_pages
     }
 
-    /// Whether this request reads and extends the cache.
     /// A cache like this one, empty: every page free, no tree.
     pub(crate) fn emptied(&self) -> Self {
         PrefixCache::new(
@@ -157,13 +159,14 @@ impl PrefixCache {
         )
     }
 
+    /// Whether a request reads and extends the cache.
     pub(crate) fn serves(&self, use_cache: bool) -> bool {
         self.enabled && use_cache
     }
 
     /// How much of the first `len` tokens of `seq` the cache holds for it (a hybrid model's:
     /// up to the deepest snapshot).
-    pub(crate) fn cached_len(&mut self, seq: &Sequence, len: usize) -> usize {
+    pub(crate) fn cached_len(&mut self, seq: SequenceView, len: usize) -> usize {
         if !self.serves(seq.request.use_cache) {
             return 0;
         }
@@ -177,15 +180,15 @@ impl PrefixCache {
     /// Matches the prompt's cached prefix (all but its last token, whose logits are needed),
     /// locks it, and allocates pages for the rest of the prompt. On `false` nothing changed.
     /// A hybrid model's match ends at its deepest snapshot, which the sequence is to resume
-    /// from (`restore_from`); `kv_matched` keeps how far the KV alone matched.
-    pub(crate) fn place(&mut self, seq: &mut Sequence) -> bool {
+    /// from (returned: its slot); `kv_matched` keeps how far the KV alone matched.
+    pub(crate) fn place(&mut self, seq: SequenceView, lease: &mut CacheLease) -> Option<Option<u32>> {
         let (mut node, mut cached, mut pages, mut kv_matched, mut restore) = (None, 0, Vec::new(), 0, None);
         if self.serves(seq.request.use_cache) {
             let m = self.tree.match_prefix(seq.cache_key(seq.prompt_len - 1));
             kv_matched = m.tokens;
             if self.snapshots.is_some() {
-                seq.expected_points = expected_points(seq, self.page_size);
-                self.tree.mark_expected(m.node, m.tokens, &seq.expected_points);
+                lease.expected_points = expected_points(seq, self.page_size);
+                self.tree.mark_expected(m.node, m.tokens, &lease.expected_points);
             }
             match (&self.snapshots, m.snapshot) {
                 (None, _) => (node, cached, pages) = (Some(m.node), m.tokens, m.pages),
@@ -206,28 +209,28 @@ impl PrefixCache {
                 if let Some(node) = node {
                     self.tree.unlock(node);
                 }
-                return false;
+                return None;
             }
         }
-        seq.node = node;
-        seq.cached_tokens = cached;
-        seq.computed = cached;
-        seq.pages = pages;
-        seq.kv_matched = kv_matched;
-        seq.restore_from = restore;
-        true
+        lease.node = node;
+        lease.locked_tokens = cached;
+        lease.cached_tokens = cached;
+        lease.computed = cached;
+        lease.pages = pages;
+        lease.kv_matched = kv_matched;
+        Some(restore)
     }
 
     /// Gives a decoding sequence a page for its next token when it crosses a page boundary;
     /// `false` when the pool is full even after eviction.
-    pub(crate) fn grow(&mut self, seq: &mut Sequence) -> bool {
+    pub(crate) fn grow(&mut self, seq: SequenceView, lease: &mut CacheLease) -> bool {
         let need = seq.tokens.len().div_ceil(self.page_size);
-        if seq.pages.len() >= need {
+        if lease.pages.len() >= need {
             return true;
         }
-        match self.allocate(need - seq.pages.len()) {
+        match self.allocate(need - lease.pages.len()) {
             Some(pages) => {
-                seq.pages.extend(pages);
+                lease.pages.extend(pages);
                 true
             }
             None => false,
@@ -239,47 +242,112 @@ impl PrefixCache {
     /// reuse it instead of computing it again. Its page table switches to the tree's pages
     /// wherever the tree already held the same tokens, and its lock moves to the end of the
     /// prompt.
-    pub(crate) fn share_prompt(&mut self, seq: &mut Sequence, computed: usize) {
+    pub(crate) fn share_prompt(&mut self, seq: SequenceView, lease: &mut CacheLease, computed: usize) {
         if !self.serves(seq.request.use_cache) {
-            for (_, slot) in std::mem::take(&mut seq.snapshots) {
+            for (_, slot) in std::mem::take(&mut lease.snapshots) {
                 self.free_snapshot(slot);
             }
             return;
         }
         let key = seq.cache_key(computed);
-        let inserted = self.tree.insert(key, &seq.pages);
+        let inserted = self.tree.insert(key, &lease.pages);
         if !inserted.duplicate_pages.is_empty() {
             let tree_pages = self.tree.match_prefix(key.prefix(inserted.present_tokens)).pages;
-            seq.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
+            lease.pages[..tree_pages.len()].copy_from_slice(&tree_pages);
             self.alloc.release(inserted.duplicate_pages);
         }
         self.tree.lock(inserted.node);
-        if let Some(old) = seq.node.replace(inserted.node) {
+        if let Some(old) = lease.node.replace(inserted.node) {
             self.tree.unlock(old);
         }
-        self.file_snapshots(seq, computed);
+        lease.locked_tokens = computed / self.page_size * self.page_size;
+        self.file_snapshots(seq, lease, computed);
     }
 
     /// Inserts what an ending sequence computed into the tree (prompt and output, so the next
     /// turn of a conversation hits) with its snapshots, frees the pages and snapshot slots the
     /// tree does not take, and unlocks its prefix.
-    pub(crate) fn release(&mut self, seq: &mut Sequence) {
+    pub(crate) fn release(&mut self, seq: SequenceView, lease: &mut CacheLease) {
         let kept = if self.serves(seq.request.use_cache) {
-            let inserted = self.tree.insert(seq.cache_key(seq.computed), &seq.pages);
+            let inserted = self.tree.insert(seq.cache_key(lease.computed), &lease.pages);
             self.alloc.release(inserted.duplicate_pages);
-            self.file_snapshots(seq, seq.computed);
-            seq.computed / self.page_size
+            self.file_snapshots(seq, lease, lease.computed);
+            lease.computed / self.page_size
         } else {
             // Without the cache, only a matched prefix (none) belongs to the tree.
             0
         };
-        for (_, slot) in std::mem::take(&mut seq.snapshots) {
+        for (_, slot) in std::mem::take(&mut lease.snapshots) {
             self.free_snapshot(slot);
         }
-        self.alloc.release(seq.pages[kept..].iter().copied());
-        if let Some(node) = seq.node {
+        self.alloc.release(lease.pages[kept..].iter().copied());
+        if let Some(node) = lease.node.take() {
             self.tree.unlock(node);
         }
+        lease.pages.clear();
+        lease.locked_tokens = 0;
+    }
+
+    /// The deepest snapshot in the tree at or before `len` tokens on the prefix the lease has
+    /// locked (its length and slot): one the sequence can go back to.
+    pub(crate) fn snapshot_on_locked_path(
+        &mut self,
+        seq: SequenceView,
+        lease: &CacheLease,
+        len: usize,
+    ) -> Option<(usize, u32)> {
+        let depth = len.min(lease.locked_tokens);
+        if lease.node.is_none() || depth == 0 || !self.serves(seq.request.use_cache) {
+            return None;
+        }
+        let hit = self.tree.match_prefix(seq.cache_key(depth)).snapshot?;
+        Some((hit.tokens, hit.slot))
+    }
+
+    /// Cuts the lease's page table to hold `len` tokens of which the first `keep` stay computed
+    /// (`keep <= len`, `keep <= lease.computed`) and returns how many do: `keep`, or its page
+    /// boundary when it falls inside the prefix the lease shares with the tree, whose lock then
+    /// moves back there (nobody writes into a page the tree holds; the tree keeps its pages).
+    /// The sequence's own pages fill the table past the shared prefix, the pool gives what is
+    /// missing and takes back what is left over. `None`, with nothing changed, when the pool
+    /// cannot give them.
+    pub(crate) fn truncate(
+        &mut self,
+        seq: SequenceView,
+        lease: &mut CacheLease,
+        keep: usize,
+        len: usize,
+    ) -> Option<usize> {
+        debug_assert!(keep <= len && keep <= lease.computed, "truncating to {len} keeping {keep}");
+        let p = self.page_size;
+        let relock = keep < lease.locked_tokens;
+        let shared = if relock { keep / p * p } else { lease.locked_tokens };
+        let (own_from, old_own_from, need) = (shared / p, lease.locked_tokens / p, len.div_ceil(p));
+        let want_own = need - own_from;
+        let fresh = want_own.saturating_sub(lease.pages.len() - old_own_from);
+        // Taken first: a failure leaves the lease as it was, and the locked prefix cannot be
+        // evicted to make the room.
+        let fresh_pages = self.allocate(fresh)?;
+        if relock {
+            let node = (shared > 0).then(|| self.tree.match_prefix(seq.cache_key(shared)).node);
+            if let Some(node) = node {
+                self.tree.lock(node);
+            }
+            if let Some(old) = std::mem::replace(&mut lease.node, node) {
+                self.tree.unlock(old);
+            }
+            lease.locked_tokens = shared;
+        }
+        // Kept in order: below `keep` their K/V stay where they are.
+        let mut own = lease.pages.split_off(old_own_from);
+        lease.pages.truncate(own_from);
+        if own.len() > want_own {
+            self.alloc.release(own.split_off(want_own));
+        }
+        lease.pages.extend(own);
+        lease.pages.extend(fresh_pages);
+        debug_assert_eq!(lease.pages.len(), need);
+        Some(if relock { shared } else { keep })
     }
 
     /// Drops every unlocked cached prefix (all of them when nothing runs).
@@ -315,7 +383,7 @@ impl PrefixCache {
 
     /// Every page is free, in the tree, or private to exactly one of the `running` sequences;
     /// locks are zero when nothing runs; the tree itself is sound.
-    pub(crate) fn check_invariants(&self, running: &[Sequence]) -> Result<(), String> {
+    pub(crate) fn check_invariants(&self, running: &[&CacheLease]) -> Result<(), String> {
         self.tree.check_invariants()?;
         let mut owner = vec![0u8; self.alloc.num_pages()];
         let mut mark = |page: u32, what: &str| -> Result<(), String> {
@@ -331,8 +399,8 @@ impl PrefixCache {
             mark(page, "cached")?;
         }
         let tree_set: HashSet<u32> = tree_pages.into_iter().collect();
-        for seq in running {
-            for &page in seq.pages.iter().filter(|p| !tree_set.contains(p)) {
+        for lease in running {
+            for &page in lease.pages.iter().filter(|p| !tree_set.contains(p)) {
                 mark(page, "private")?;
             }
         }
@@ -344,8 +412,7 @@ impl PrefixCache {
         }
         if let Some(slots) = &self.snapshots {
             let tree = self.tree.snapshot_prefixes().into_iter().map(|s| s.slot);
-            let held =
-                running.iter().flat_map(|s| s.snapshots.iter().chain(&s.rolling_snapshot).map(|&(_, slot)| slot));
+            let held = running.iter().flat_map(|lease| lease.held_snapshot_slots());
             let mut all: Vec<u32> = slots.free.iter().copied().chain(tree).chain(held).collect();
             all.sort_unstable();
             if all != slots.all.clone().collect::<Vec<_>>() {
@@ -360,7 +427,7 @@ impl PrefixCache {
 /// all-but-last token (where the same prompt sent again resumes, and where the next turn does
 /// when the template writes the reply's start differently, merging the last prompt token with
 /// what follows), rounded down to whole pages, ascending.
-fn expected_points(seq: &Sequence, page_size: usize) -> Vec<usize> {
+fn expected_points(seq: SequenceView, page_size: usize) -> Vec<usize> {
     let named = seq.request.expected_points.iter().copied().filter(|&p| p < seq.prompt_len);
     let mut points: Vec<usize> = named.chain([seq.prompt_len - 1]).map(|p| p / page_size * page_size).collect();
     points.sort_unstable();
