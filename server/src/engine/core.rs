@@ -13,12 +13,13 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{Placement, RequestCache};
 use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
-use super::disk_tier::{DiskStats, DiskTier};
+use super::disk_tier::DiskTier;
 use super::metrics::EngineMetrics;
 use super::postprocess::{Logits, Postprocess};
 use super::request::{EngineEvent, FinishReason, GenerateRequest};
 use super::scheduler::{Member, Scheduler};
 use super::sequence::{Ending, Sequence};
+use super::stats::EngineStats;
 
 /// Scheduling limits.
 #[derive(Debug, Clone)]
@@ -55,37 +56,6 @@ impl EngineConfig {
 
 /// `--snapshot-interval`'s default: a 10k-token tool output is resumed at most 2k tokens back.
 pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
-
-/// A snapshot of the engine's state, for `/health` and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct EngineStats {
-    /// Sequences running.
-    pub running: usize,
-    /// Requests waiting for admission.
-    pub waiting: usize,
-    /// Pages in the pool.
-    pub pages_total: usize,
-    /// Free pages.
-    pub pages_free: usize,
-    /// Pages held by the prefix cache.
-    pub pages_cached: usize,
-    /// Tokens per page.
-    pub page_size: usize,
-    /// Hybrid models: recurrent-state snapshots in the prefix cache.
-    pub snapshots: usize,
-    /// Hybrid models: slots set aside for snapshots (the `--state-cache` budget).
-    pub snapshot_slots: usize,
-    /// Hybrid models: snapshot slots neither in the cache nor held by a running sequence.
-    pub snapshot_slots_free: usize,
-    /// Hybrid models: bytes of one snapshot (one sequence's recurrent state).
-    pub snapshot_bytes: usize,
-    /// Hybrid models: state slots for running sequences, and how many of them are free.
-    pub state_slots: usize,
-    /// See [`EngineStats::state_slots`].
-    pub state_slots_free: usize,
-    /// The disk tier (`--cache-dir`); `enabled: false` without one.
-    pub disk: DiskStats,
-}
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
 /// concurrent agent sessions with their subagents.

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::cache_report::RecentPrefix;
-use super::core::{EngineCore, EngineStats};
+use super::core::EngineCore;
 use super::metrics::EngineMetrics;
 use super::request::{EngineEvent, GenerateRequest};
+use super::stats::EngineStats;
 
 enum Command {
     // Boxed: a request is several times larger than the other commands.

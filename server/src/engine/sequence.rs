@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::cache::CacheLease;
+use super::cache::lease::CacheLease;
 use super::cache_key::CacheKey;
 use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings, TokenLogprobs};
 use super::sampler::Sampler;

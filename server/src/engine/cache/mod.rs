@@ -17,7 +17,7 @@
 //! Each sequence's [`CacheLease`] records its part; only this module changes it.
 
 mod hybrid;
-mod lease;
+pub(crate) mod lease;
 pub mod pages;
 mod prefix;
 #[cfg(test)]
@@ -30,10 +30,10 @@ use self::hybrid::RunningStates;
 pub(crate) use self::lease::CacheLease;
 use self::prefix::PrefixCache;
 use super::cache_key::CacheKeyBuf;
-use super::core::EngineStats;
 use super::disk_tier::DiskTier;
 use super::metrics::EngineMetrics;
 use super::sequence::Sequence;
+use super::stats::EngineStats;
 
 /// Where a request's prompt was found when it was placed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
