@@ -14,9 +14,10 @@ fn fixture(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch)
 }
 
-/// A fresh scratch folder for one test, named with the process id.
+/// A fresh scratch folder for one test, in cargo's folder for test files (inside the target
+/// directory, emptied by the next run: a folder per process under /tmp was never removed).
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("radix-model-errors-{}", std::process::id())).join(name);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-errors").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
