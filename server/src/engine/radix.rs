@@ -130,6 +130,17 @@ pub struct Inserted {
     pub duplicate_pages: Vec<u32>,
 }
 
+/// What [`RadixCache::peek_prefix`] sees of a key, without touching the tree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixPeek {
+    /// Tokens of the key the tree holds, a multiple of the page size (what
+    /// [`PrefixMatch::tokens`] would be).
+    pub tokens: usize,
+    /// Tokens from the root to the deepest snapshot within them (where
+    /// [`PrefixMatch::snapshot`] would resume).
+    pub snapshot: Option<usize>,
+}
+
 /// A token-level radix tree whose nodes own KV pages.
 #[derive(Debug, Clone)]
 pub struct RadixCache {
@@ -168,6 +179,22 @@ impl RadixCache {
             self.renew_snapshot(hit.node);
         }
         PrefixMatch { node: found.node, tokens: found.tokens, pages: self.tree.path_pages(&found), snapshot }
+    }
+
+    /// What [`match_prefix`](Self::match_prefix) would find of `key` (its tokens and the depth
+    /// of its snapshot), for weighing requests before any of them is admitted: the LRU clock,
+    /// the edges and the snapshots' credit stay as they are.
+    pub fn peek_prefix<'a>(&self, key: impl Into<CacheKey<'a>>) -> PrefixPeek {
+        let found = self.tree.find(key.into());
+        let node = self.tree.node(found.node);
+        // A match that ends inside an edge stops short of the node's end, where its snapshot is;
+        // the split `match_prefix` would make leaves that snapshot below.
+        let (end, depth) = if found.edge_pages < node.pages().len() {
+            (node.parent(), found.tokens - found.edge_pages * self.page_size())
+        } else {
+            (found.node, found.tokens)
+        };
+        PrefixPeek { tokens: found.tokens, snapshot: self.deepest_snapshot(end, depth).map(|hit| hit.tokens) }
     }
 
     /// Inserts `key` (cut to whole pages) whose K/V are in `pages`, and returns how much was
