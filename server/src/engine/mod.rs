@@ -31,7 +31,7 @@ pub use disk_tier::identity::build_id;
 pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};
-pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit, SnapshotPrefix};
+pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, PrefixPeek, RadixCache, SnapshotHit, SnapshotPrefix};
 pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stats::EngineStats;

@@ -1,5 +1,7 @@
 //! The radix tree over token ids that maps every cached prefix to the KV pages holding it,
-//! shared by all requests (ARCHITECTURE.md §3).
+//! shared by all requests (ARCHITECTURE.md §3). Its structure (the node arena, edges, splits,
+//! the LRU clock) is `radix/tree.rs`, which the disk index is built on too; this file adds what
+//! only memory has: locks, the evictable count, the eviction order and snapshots.
 //!
 //! Matching works in whole pages: an edge always holds a multiple of `page_size` tokens, a
 //! child is found by its first page of tokens, and a prefix is only reused up to its last full
@@ -26,29 +28,32 @@
 //! from) is evicted before any other leaf.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashSet};
 
+use self::tree::{Node, NodeData, ROOT, Tree};
 use super::cache_key::{CacheKey, CacheNamespace};
 
-/// Index of a node in the tree's arena.
-pub type NodeId = usize;
+pub use self::tree::NodeId;
 
-const ROOT: NodeId = 0;
-
-#[derive(Debug, Clone)]
-struct Node {
-    parent: NodeId,
-    /// The namespace of every prefix through this node (the root's is unused).
-    namespace: CacheNamespace,
-    tokens: Vec<u32>,
-    pages: Vec<u32>,
-    children: HashMap<Vec<u32>, NodeId>,
+/// What a node of the memory tree holds besides its edge of pool pages.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    /// Running sequences whose matched path goes through the node.
     lock: u32,
-    last_use: u64,
-    alive: bool,
     /// The state after this node's last token.
     snapshot: Option<Snapshot>,
 }
+
+impl NodeData for Held {
+    fn upper_part(&self) -> Self {
+        // Every path through the lower part runs through the upper one, and the snapshot is the
+        // state after the original edge's last token, the lower part's end.
+        Held { lock: self.lock, snapshot: None }
+    }
+}
+
+/// A node of the memory tree: its pages are KV pool pages.
+type MemNode = Node<u32, Held>;
 
 /// A node's snapshot: where its state is, and what its eviction weighs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,22 +65,6 @@ struct Snapshot {
     /// The last request whose prefix runs through it named it as a point where a later request
     /// is expected to resume ([`RadixCache::mark_expected`]).
     expected: bool,
-}
-
-impl Node {
-    fn new(parent: NodeId, namespace: CacheNamespace, tokens: Vec<u32>, pages: Vec<u32>, last_use: u64) -> Self {
-        Node {
-            parent,
-            namespace,
-            tokens,
-            pages,
-            children: HashMap::new(),
-            lock: 0,
-            last_use,
-            alive: true,
-            snapshot: None,
-        }
-    }
 }
 
 /// The deepest snapshot on a matched path: where a hybrid model's sequence can resume.
@@ -141,14 +130,21 @@ pub struct Inserted {
     pub duplicate_pages: Vec<u32>,
 }
 
+/// What [`RadixCache::peek_prefix`] sees of a key, without touching the tree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixPeek {
+    /// Tokens of the key the tree holds, a multiple of the page size (what
+    /// [`PrefixMatch::tokens`] would be).
+    pub tokens: usize,
+    /// Tokens from the root to the deepest snapshot within them (where
+    /// [`PrefixMatch::snapshot`] would resume).
+    pub snapshot: Option<usize>,
+}
+
 /// A token-level radix tree whose nodes own KV pages.
 #[derive(Debug, Clone)]
 pub struct RadixCache {
-    nodes: Vec<Node>,
-    free_nodes: Vec<NodeId>,
-    page_size: usize,
-    clock: u64,
-    cached_pages: usize,
+    tree: Tree<u32, Held>,
     /// Pages held by unlocked nodes, kept up to date by every change of a lock or a node.
     evictable_pages: usize,
     /// Nodes carrying a snapshot.
@@ -160,74 +156,70 @@ pub struct RadixCache {
 impl RadixCache {
     /// An empty tree over pages of `page_size` tokens.
     pub fn new(page_size: usize) -> Self {
-        assert!(page_size > 0, "page size must be positive");
-        RadixCache {
-            nodes: vec![Node::new(ROOT, CacheNamespace::default(), Vec::new(), Vec::new(), 0)],
-            free_nodes: Vec::new(),
-            page_size,
-            clock: 0,
-            cached_pages: 0,
-            evictable_pages: 0,
-            snapshots: 0,
-            snapshot_inflation: 0,
-        }
+        RadixCache { tree: Tree::new(page_size), evictable_pages: 0, snapshots: 0, snapshot_inflation: 0 }
     }
 
     /// Tokens per page.
     pub fn page_size(&self) -> usize {
-        self.page_size
+        self.tree.page_size()
     }
 
     /// Pages the tree holds.
     pub fn cached_pages(&self) -> usize {
-        self.cached_pages
+        self.tree.pages()
     }
 
     /// Finds the longest cached page-aligned prefix of `tokens`, splitting an edge where the
     /// match ends inside it, and marks the path as just used.
     pub fn match_prefix<'a>(&mut self, key: impl Into<CacheKey<'a>>) -> PrefixMatch {
-        self.clock += 1;
-        let (node, matched, pages) = self.walk(key.into());
-        self.touch(node);
-        let snapshot = self.deepest_snapshot(node, matched);
+        let found = self.tree.visit(key.into(), true);
+        let snapshot = self.deepest_snapshot(found.node, found.tokens);
         if let Some(hit) = snapshot {
             // Resumed from (or about to be).
             self.renew_snapshot(hit.node);
         }
-        PrefixMatch { node, tokens: matched, pages, snapshot }
+        PrefixMatch { node: found.node, tokens: found.tokens, pages: self.tree.path_pages(&found), snapshot }
+    }
+
+    /// What [`match_prefix`](Self::match_prefix) would find of `key` (its tokens and the depth
+    /// of its snapshot), for weighing requests before any of them is admitted: the LRU clock,
+    /// the edges and the snapshots' credit stay as they are.
+    pub fn peek_prefix<'a>(&self, key: impl Into<CacheKey<'a>>) -> PrefixPeek {
+        let found = self.tree.find(key.into());
+        let node = self.tree.node(found.node);
+        // A match that ends inside an edge stops short of the node's end, where its snapshot is;
+        // the split `match_prefix` would make leaves that snapshot below.
+        let (end, depth) = if found.edge_pages < node.pages().len() {
+            (node.parent(), found.tokens - found.edge_pages * self.page_size())
+        } else {
+            (found.node, found.tokens)
+        };
+        PrefixPeek { tokens: found.tokens, snapshot: self.deepest_snapshot(end, depth).map(|hit| hit.tokens) }
     }
 
     /// Inserts `key` (cut to whole pages) whose K/V are in `pages`, and returns how much was
     /// already present. `pages` must cover the whole pages of `key`.
     pub fn insert<'a>(&mut self, key: impl Into<CacheKey<'a>>, pages: &[u32]) -> Inserted {
-        let p = self.page_size;
+        let p = self.page_size();
         let key = key.into();
         let whole = key.len() / p;
         assert!(pages.len() >= whole, "{} pages cannot hold {} tokens", pages.len(), whole * p);
         let key = key.prefix(whole * p);
-        let tokens = key.tokens;
-        self.clock += 1;
-        let (node, matched, tree_pages) = self.walk(key);
+        self.tree.tick();
+        let found = self.tree.descend(key);
+        let (node, matched) = (found.node, found.tokens);
+        let tree_pages = self.tree.path_pages(&found);
         let duplicate_pages =
             pages[..matched / p].iter().zip(&tree_pages).filter(|(ours, tree)| ours != tree).map(|(o, _)| *o).collect();
-        let end = if matched < tokens.len() {
-            let leaf = self.alloc_node(Node::new(
-                node,
-                key.namespace,
-                tokens[matched..].to_vec(),
-                pages[matched / p..whole].to_vec(),
-                self.clock,
-            ));
-            self.cached_pages += whole - matched / p;
+        let end = if matched < key.len() {
+            let new_pages = pages[matched / p..whole].to_vec();
             // A new leaf is unlocked: its pages can be evicted until someone locks it.
-            self.evictable_pages += whole - matched / p;
-            let child_key = key.namespace.child_key(node == ROOT, &tokens[matched..matched + p]);
-            self.nodes[node].children.insert(child_key, leaf);
-            leaf
+            self.evictable_pages += new_pages.len();
+            self.tree.add_leaf(node, key, matched, new_pages, Held::default())
         } else {
             node
         };
-        self.touch(end);
+        self.tree.touch(end);
         self.debug_check();
         Inserted { node: end, present_tokens: matched, duplicate_pages }
     }
@@ -236,12 +228,13 @@ impl RadixCache {
     pub fn lock(&mut self, node: NodeId) {
         let mut n = node;
         while n != ROOT {
-            let node = &mut self.nodes[n];
-            if node.lock == 0 {
-                self.evictable_pages -= node.pages.len();
+            let (parent, pages) = (self.tree.node(n).parent(), self.tree.node(n).pages().len());
+            let held = self.tree.data_mut(n);
+            if held.lock == 0 {
+                self.evictable_pages -= pages;
             }
-            node.lock += 1;
-            n = node.parent;
+            held.lock += 1;
+            n = parent;
         }
     }
 
@@ -249,13 +242,14 @@ impl RadixCache {
     pub fn unlock(&mut self, node: NodeId) {
         let mut n = node;
         while n != ROOT {
-            let node = &mut self.nodes[n];
-            debug_assert!(node.lock > 0, "unlock of node {n} that is not locked");
-            if node.lock == 1 {
-                self.evictable_pages += node.pages.len();
+            let (parent, pages) = (self.tree.node(n).parent(), self.tree.node(n).pages().len());
+            let held = self.tree.data_mut(n);
+            debug_assert!(held.lock > 0, "unlock of node {n} that is not locked");
+            if held.lock == 1 {
+                self.evictable_pages += pages;
             }
-            node.lock = node.lock.saturating_sub(1);
-            n = node.parent;
+            held.lock = held.lock.saturating_sub(1);
+            n = parent;
         }
     }
 
@@ -266,230 +260,87 @@ impl RadixCache {
 
     /// [`evictable_pages`](Self::evictable_pages) counted the slow way, to check the count.
     fn evictable_pages_by_scan(&self) -> usize {
-        self.nodes.iter().skip(1).filter(|n| n.alive && n.lock == 0).map(|n| n.pages.len()).sum()
+        self.tree.nodes().skip(1).filter(|(_, n)| n.data.lock == 0).map(|(_, n)| n.pages().len()).sum()
     }
 
     /// Evicts unlocked leaves, least recently used first (but leaves without a snapshot at
     /// their end before those with one, see the module doc), until at least `needed` pages are
     /// freed or nothing unlocked is left; returns the freed pages and snapshots.
     pub fn evict(&mut self, needed: usize) -> Evicted {
-        let rank = |n: &Node| (n.snapshot.is_none(), Reverse(n.last_use));
+        let rank = |n: &MemNode| (n.data.snapshot.is_none(), Reverse(n.last_use()));
         let mut heap: BinaryHeap<((bool, Reverse<u64>), NodeId)> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, n)| n.alive && n.children.is_empty() && n.lock == 0)
-            .map(|(id, n)| (rank(n), id))
+            .tree
+            .leaves()
+            .filter(|&id| self.tree.node(id).data.lock == 0)
+            .map(|id| (rank(self.tree.node(id)), id))
             .collect();
-        let mut freed = Vec::new();
-        let mut snapshots = Vec::new();
-        while freed.len() < needed {
+        let mut evicted = Evicted::default();
+        while evicted.pages.len() < needed {
             let Some((_, id)) = heap.pop() else { break };
-            let parent = self.nodes[id].parent;
-            let key = self.child_key_of(id);
-            self.nodes[parent].children.remove(&key);
-            let node = &mut self.nodes[id];
-            node.alive = false;
-            node.children.clear();
-            self.cached_pages -= node.pages.len();
-            self.evictable_pages -= node.pages.len();
-            freed.append(&mut node.pages);
-            node.tokens.clear();
-            if let Some(snapshot) = node.snapshot.take() {
-                snapshots.push(snapshot.slot);
+            let parent = self.tree.node(id).parent();
+            let removed = self.tree.remove_subtree(id);
+            self.evictable_pages -= removed.pages.len();
+            evicted.pages.extend(removed.pages);
+            for snapshot in removed.data.into_iter().filter_map(|held| held.snapshot) {
+                evicted.snapshots.push(snapshot.slot);
                 self.snapshots -= 1;
             }
-            self.free_nodes.push(id);
-            let parent_node = &self.nodes[parent];
-            if parent != ROOT && parent_node.children.is_empty() && parent_node.lock == 0 {
+            let parent_node = self.tree.node(parent);
+            if parent != ROOT && parent_node.child_count() == 0 && parent_node.data.lock == 0 {
                 heap.push((rank(parent_node), parent));
             }
         }
         self.debug_check();
-        Evicted { pages: freed, snapshots }
+        evicted
     }
 
     /// Every snapshot with its node's prefix (for `/v1/cache`, the disk tier and tests).
     pub fn snapshot_prefixes(&self) -> Vec<SnapshotPrefix> {
-        let with = self.nodes.iter().enumerate().filter(|(_, n)| n.alive && n.snapshot.is_some());
-        with.map(|(id, n)| SnapshotPrefix {
-            namespace: n.namespace,
-            tokens: self.path_tokens(id),
-            slot: n.snapshot.expect("filtered").slot,
+        let with = self.tree.nodes().filter_map(|(id, n)| Some((id, n.namespace(), n.data.snapshot?)));
+        with.map(|(id, namespace, snapshot)| SnapshotPrefix {
+            namespace,
+            tokens: self.tree.path_tokens(id),
+            slot: snapshot.slot,
         })
         .collect()
     }
 
     /// Every page the tree holds.
     pub fn pages(&self) -> Vec<u32> {
-        self.nodes.iter().filter(|n| n.alive).flat_map(|n| n.pages.iter().copied()).collect()
+        self.tree.all_pages().collect()
     }
 
     /// Every cached sequence that ends at a leaf, as tokens.
     #[cfg(test)]
     pub(crate) fn leaf_sequences(&self) -> Vec<Vec<u32>> {
-        let mut out = Vec::new();
-        for (id, node) in self.nodes.iter().enumerate().skip(1) {
-            if node.alive && node.children.is_empty() {
-                out.push(self.path_tokens(id));
-            }
-        }
-        out
+        self.tree.leaves().map(|id| self.tree.path_tokens(id)).collect()
     }
 
     /// Whether any node is locked.
     pub fn any_locked(&self) -> bool {
-        self.nodes.iter().any(|n| n.alive && n.lock > 0)
-    }
-
-    fn path_tokens(&self, mut id: NodeId) -> Vec<u32> {
-        let mut parts = Vec::new();
-        while id != ROOT {
-            parts.push(&self.nodes[id].tokens);
-            id = self.nodes[id].parent;
-        }
-        parts.into_iter().rev().flatten().copied().collect()
-    }
-
-    /// The key `id` is filed under in its parent's children.
-    fn child_key_of(&self, id: NodeId) -> Vec<u32> {
-        let node = &self.nodes[id];
-        node.namespace.child_key(node.parent == ROOT, &node.tokens[..self.page_size])
-    }
-
-    /// Walks as deep as `key` matches in whole pages, splitting the last edge if the match
-    /// ends inside it. Returns the end node, matched tokens and their pages.
-    fn walk(&mut self, key: CacheKey<'_>) -> (NodeId, usize, Vec<u32>) {
-        let p = self.page_size;
-        let tokens = key.tokens;
-        let mut node = ROOT;
-        let mut matched = 0;
-        let mut pages = Vec::new();
-        while tokens.len() - matched >= p {
-            let child_key = key.namespace.child_key(node == ROOT, &tokens[matched..matched + p]);
-            let Some(&child) = self.nodes[node].children.get(&child_key) else { break };
-            let edge = &self.nodes[child].tokens;
-            let mut k = 1;
-            while (k + 1) * p <= edge.len()
-                && matched + (k + 1) * p <= tokens.len()
-                && edge[k * p..(k + 1) * p] == tokens[matched + k * p..matched + (k + 1) * p]
-            {
-                k += 1;
-            }
-            let edge_len = edge.len();
-            if k * p < edge_len {
-                let upper = self.split(child, k * p);
-                pages.extend_from_slice(&self.nodes[upper].pages);
-                matched += k * p;
-                node = upper;
-                break;
-            }
-            pages.extend_from_slice(&self.nodes[child].pages);
-            matched += edge_len;
-            node = child;
-        }
-        (node, matched, pages)
-    }
-
-    /// Splits `child`'s edge after `at` tokens; returns the new upper node.
-    fn split(&mut self, child: NodeId, at: usize) -> NodeId {
-        let p = self.page_size;
-        debug_assert!(at > 0 && at.is_multiple_of(p) && at < self.nodes[child].tokens.len());
-        let parent = self.nodes[child].parent;
-        let upper_tokens = self.nodes[child].tokens[..at].to_vec();
-        let upper_pages = self.nodes[child].pages[..at / p].to_vec();
-        // The snapshot stays below: it is the state after the original edge's last token.
-        let namespace = self.nodes[child].namespace;
-        let mut upper = Node::new(parent, namespace, upper_tokens, upper_pages, self.nodes[child].last_use);
-        upper.lock = self.nodes[child].lock;
-        let lower_key = self.nodes[child].tokens[at..at + p].to_vec();
-        let upper_key = self.child_key_of(child);
-        let upper_id = self.alloc_node(upper);
-        self.nodes[upper_id].children.insert(lower_key, child);
-        let lower = &mut self.nodes[child];
-        lower.tokens.drain(..at);
-        lower.pages.drain(..at / p);
-        lower.parent = upper_id;
-        self.nodes[parent].children.insert(upper_key, upper_id);
-        upper_id
-    }
-
-    fn alloc_node(&mut self, node: Node) -> NodeId {
-        match self.free_nodes.pop() {
-            Some(id) => {
-                self.nodes[id] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        }
-    }
-
-    fn touch(&mut self, mut node: NodeId) {
-        while node != ROOT {
-            self.nodes[node].last_use = self.clock;
-            node = self.nodes[node].parent;
-        }
+        self.tree.nodes().any(|(_, n)| n.data.lock > 0)
     }
 
     fn debug_check(&self) {
-        if cfg!(debug_assertions)
-            && let Err(problem) = self.check_invariants()
-        {
-            panic!("radix cache invariant broken: {problem}");
-        }
+        tree::debug_check("radix cache", || self.check_invariants());
     }
 
     /// Checks the tree's structure: edges are non-empty whole pages with one page id per page,
     /// children are keyed by their first page, no page or snapshot slot is held twice, a node's
     /// lock count covers its children's, and the evictable and snapshot counts match the nodes.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let p = self.page_size;
-        let mut seen = HashSet::new();
+        self.tree.check()?;
         let mut slots = HashSet::new();
-        let mut total = 0;
-        for (id, node) in self.nodes.iter().enumerate() {
-            if !node.alive {
-                continue;
+        for (id, node) in self.tree.nodes() {
+            let child_locks: u32 = node.children().map(|c| self.tree.node(c).data.lock).sum();
+            if id != ROOT && node.data.lock < child_locks {
+                return Err(format!("node {id} lock {} below its children's {child_locks}", node.data.lock));
             }
-            if id != ROOT {
-                if node.tokens.is_empty() || node.tokens.len() % p != 0 || node.pages.len() * p != node.tokens.len() {
-                    return Err(format!("node {id}: {} tokens with {} pages", node.tokens.len(), node.pages.len()));
-                }
-                let parent = &self.nodes[node.parent];
-                if !parent.alive || parent.children.get(&self.child_key_of(id)) != Some(&id) {
-                    return Err(format!("node {id} is not its parent's child under its first page"));
-                }
-                if node.parent != ROOT && parent.namespace != node.namespace {
-                    return Err(format!("node {id} is in another namespace than its parent"));
-                }
-            }
-            let child_locks: u32 = node.children.values().map(|&c| self.nodes[c].lock).sum();
-            if id != ROOT && node.lock < child_locks {
-                return Err(format!("node {id} lock {} below its children's {child_locks}", node.lock));
-            }
-            for (key, &c) in &node.children {
-                if !self.nodes[c].alive || self.nodes[c].parent != id || &self.child_key_of(c) != key {
-                    return Err(format!("node {id} child {c} is dead, reparented or keyed wrongly"));
-                }
-            }
-            for &page in &node.pages {
-                if !seen.insert(page) {
-                    return Err(format!("page {page} is held twice"));
-                }
-            }
-            if let Some(Snapshot { slot, .. }) = node.snapshot
+            if let Some(Snapshot { slot, .. }) = node.data.snapshot
                 && (id == ROOT || !slots.insert(slot))
             {
                 return Err(format!("snapshot slot {slot} is held twice or by the root"));
             }
-            total += node.pages.len();
-        }
-        if total != self.cached_pages {
-            return Err(format!("{total} pages in nodes but {} counted", self.cached_pages));
         }
         if slots.len() != self.snapshots {
             return Err(format!("{} snapshots in nodes but {} counted", slots.len(), self.snapshots));
@@ -503,6 +354,7 @@ impl RadixCache {
 }
 
 mod snapshots;
+pub(crate) mod tree;
 
 #[cfg(test)]
 mod props;

@@ -5,11 +5,12 @@
 //! along: each slot's "state" is the prefix it was taken after, every snapshot the tree holds
 //! sits at the end of exactly that prefix, a match resumes from the deepest one at or before its
 //! end, and no slot is lost or held twice; eviction gives up a redundant snapshot (one a deeper
-//! snapshot on an unbranched path makes redundant, not named expected) while there is one.
+//! snapshot on an unbranched path makes redundant, not named expected) while there is one. A
+//! peek (`peek_prefix`) on random trees finds what a match would and changes nothing.
 
 use std::collections::{HashMap, HashSet};
 
-use super::{NodeId, RadixCache};
+use super::{Evicted, NodeId, PrefixPeek, RadixCache};
 use crate::engine::PageAllocator;
 use proptest::prelude::*;
 
@@ -271,6 +272,103 @@ proptest! {
             }
             prop_assert_eq!(tree.check_invariants(), Ok(()));
             prop_assert_eq!(alloc.free_pages() + tree.cached_pages(), alloc.num_pages(), "a page was lost");
+        }
+    }
+}
+
+/// Applies `op` with no model to check against: grows the random trees the peek is tried on.
+fn drive(
+    tree: &mut RadixCache,
+    alloc: &mut PageAllocator,
+    free_slots: &mut Vec<u32>,
+    locked: &mut Vec<NodeId>,
+    op: Op,
+) {
+    let p = tree.page_size();
+    match op {
+        Op::Insert(seq) => {
+            if let Some(pages) = alloc.allocate(seq.len() / p) {
+                alloc.release(tree.insert(&seq, &pages).duplicate_pages);
+            }
+        }
+        Op::Match(seq) => {
+            tree.match_prefix(&seq);
+        }
+        Op::LockMatch(seq) => {
+            let m = tree.match_prefix(&seq);
+            if m.tokens > 0 {
+                tree.lock(m.node);
+                locked.push(m.node);
+            }
+        }
+        Op::Unlock(i) => {
+            if !locked.is_empty() {
+                tree.unlock(locked.remove(i % locked.len()));
+            }
+        }
+        Op::Evict(n) => {
+            let freed = tree.evict(n);
+            alloc.release(freed.pages);
+            free_slots.extend(freed.snapshots);
+        }
+        Op::Snapshot(i, n, named) => {
+            let mut sequences = tree.leaf_sequences();
+            sequences.sort();
+            if let (false, Some(slot)) = (sequences.is_empty(), free_slots.pop()) {
+                let chosen = &sequences[i % sequences.len()];
+                let prefix = &chosen[..aligned(n.min(chosen.len()), p)];
+                if let Err(back) = tree.attach_snapshot(prefix, slot, named) {
+                    free_slots.push(back);
+                }
+            }
+        }
+        Op::MarkExpected(seq, mut depths) => {
+            let m = tree.match_prefix(&seq);
+            depths.sort_unstable();
+            tree.mark_expected(m.node, m.tokens, &depths);
+        }
+        Op::EvictSnapshot => free_slots.extend(tree.evict_snapshot()),
+    }
+}
+
+/// What a tree would do next, as far as its public API shows: the order eviction would free
+/// its pages and snapshots in, and the order snapshots alone would go in.
+fn eviction_order(tree: &RadixCache) -> (Evicted, Vec<u32>) {
+    let mut snapshots = tree.clone();
+    (tree.clone().evict(usize::MAX), std::iter::from_fn(|| snapshots.evict_snapshot()).collect())
+}
+
+proptest! {
+    /// On random trees, a peek finds what a match would (its tokens and the depth of its
+    /// snapshot) and leaves the tree as it was: the same structure, clock and credits (the
+    /// Debug dump), and the same eviction order of pages and snapshots.
+    #[test]
+    fn a_peek_sees_what_a_match_would_and_changes_nothing(
+        page_size in 1usize..=4,
+        ops in prop::collection::vec(op(), 1..40),
+        queries in prop::collection::vec(tokens(), 1..6),
+    ) {
+        let mut tree = RadixCache::new(page_size);
+        let mut alloc = PageAllocator::new(64);
+        let mut free_slots: Vec<u32> = (0..8).collect();
+        let mut locked = Vec::new();
+        for op in ops {
+            drive(&mut tree, &mut alloc, &mut free_slots, &mut locked, op);
+            // The cached sequences themselves and one page past them, as well as random keys.
+            let mut keys = queries.clone();
+            for leaf in tree.leaf_sequences() {
+                keys.push([&leaf[..], &[0; 4][..page_size]].concat());
+                keys.push(leaf);
+            }
+            for key in keys {
+                let (dump, order) = (format!("{tree:?}"), eviction_order(&tree));
+                let peek = tree.peek_prefix(&key);
+                prop_assert_eq!(format!("{tree:?}"), dump, "a peek changed the tree");
+                prop_assert_eq!(eviction_order(&tree), order);
+                let m = tree.clone().match_prefix(&key);
+                prop_assert_eq!(peek, PrefixPeek { tokens: m.tokens, snapshot: m.snapshot.map(|hit| hit.tokens) });
+            }
+            prop_assert_eq!(tree.check_invariants(), Ok(()));
         }
     }
 }

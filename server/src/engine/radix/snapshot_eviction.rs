@@ -1,6 +1,6 @@
 //! Which snapshot goes first (`radix/snapshots.rs`): redundant ones before the rest, and within
 //! each group GreedyDual-Size, where the cost of losing a snapshot is what a resume would
-//! recompute without it and resuming from a snapshot renews it.
+//! recompute without it and resuming from a snapshot renews it (peeking at one does not).
 
 use super::RadixCache;
 
@@ -140,4 +140,21 @@ fn a_turn_that_resumes_where_sessions_branch_supersedes_nothing() {
     // The first session's expected point stays expected, so nothing is redundant: the deeper of
     // the two 100-token gaps goes first, not the expected point.
     assert_eq!(tree.evict_snapshot(), Some(2));
+}
+
+#[test]
+fn peeking_at_a_snapshot_does_not_renew_it() {
+    let points = [3000, 3040, 3080, 3120, 3160];
+    let (mut tree, tokens) = tree_with(3200, &points, &points);
+    // Two evictions raise the inflation past the survivors' credit, as above.
+    let gone = [tree.evict_snapshot().unwrap(), tree.evict_snapshot().unwrap()];
+    let deepest = (1..5).rev().find(|s| !gone.contains(s)).unwrap();
+    let key = &tokens[..points[deepest as usize] + 5];
+    let peek = tree.peek_prefix(key);
+    assert_eq!((peek.tokens, peek.snapshot), (key.len(), Some(points[deepest as usize])));
+    let mut matched = tree.clone();
+    matched.match_prefix(key);
+    let untouched = evict_all(&mut tree.clone());
+    assert_ne!(evict_all(&mut matched), untouched, "a match renews the snapshot it resumes from");
+    assert_eq!(evict_all(&mut tree), untouched, "a peek renews nothing");
 }

@@ -20,17 +20,19 @@ use std::cmp::Reverse;
 use std::collections::HashSet;
 
 use super::super::cache_key::CacheKey;
-use super::{NodeId, ROOT, RadixCache, Snapshot, SnapshotHit};
+use super::tree::ROOT;
+use super::{NodeId, RadixCache, Snapshot, SnapshotHit};
 
 impl RadixCache {
     /// The snapshot nearest above `node` (itself included), whose end is `depth` tokens deep.
     pub(super) fn deepest_snapshot(&self, mut node: NodeId, mut depth: usize) -> Option<SnapshotHit> {
         while node != ROOT {
-            if let Some(s) = self.nodes[node].snapshot {
+            let n = self.tree.node(node);
+            if let Some(s) = n.data.snapshot {
                 return Some(SnapshotHit { node, tokens: depth, slot: s.slot });
             }
-            depth -= self.nodes[node].tokens.len();
-            node = self.nodes[node].parent;
+            depth -= n.tokens().len();
+            node = n.parent();
         }
         None
     }
@@ -38,7 +40,7 @@ impl RadixCache {
     /// Gives `node`'s snapshot the current inflation as its credit.
     pub(super) fn renew_snapshot(&mut self, node: NodeId) {
         let inflation = self.snapshot_inflation;
-        if let Some(s) = self.nodes[node].snapshot.as_mut() {
+        if let Some(s) = self.tree.data_mut(node).snapshot.as_mut() {
             s.credit = inflation;
         }
     }
@@ -59,14 +61,15 @@ impl RadixCache {
         expected: bool,
     ) -> Result<NodeId, u32> {
         let key = key.into();
-        if key.is_empty() || !key.len().is_multiple_of(self.page_size) {
+        if key.is_empty() || !key.len().is_multiple_of(self.page_size()) {
             return Err(slot);
         }
-        let (node, matched, _) = self.walk(key);
-        if matched != key.len() || self.nodes[node].snapshot.is_some() {
+        let found = self.tree.descend(key);
+        let node = found.node;
+        if found.tokens != key.len() || self.tree.node(node).data.snapshot.is_some() {
             return Err(slot);
         }
-        self.nodes[node].snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected });
+        self.tree.data_mut(node).snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected });
         self.snapshots += 1;
         self.debug_check();
         Ok(node)
@@ -86,7 +89,7 @@ impl RadixCache {
         // Not where the tree branches: there others' conversations grew from the same state.
         let resumed = self
             .deepest_snapshot(node, depth)
-            .filter(|hit| expected.binary_search(&hit.tokens).is_err() && self.nodes[hit.node].children.len() < 2);
+            .filter(|hit| expected.binary_search(&hit.tokens).is_err() && self.tree.node(hit.node).child_count() < 2);
         let (mut at, mut at_depth) = (node, depth);
         // The path below the resumed snapshot, deepest first.
         let mut below_resumed = Vec::new();
@@ -94,28 +97,27 @@ impl RadixCache {
             if resumed.is_some_and(|hit| at_depth >= hit.tokens) {
                 below_resumed.push(at);
             }
-            let n = &mut self.nodes[at];
-            if let Some(s) = n.snapshot.as_mut() {
+            let (parent, edge) = (self.tree.node(at).parent(), self.tree.node(at).tokens().len());
+            if let Some(s) = self.tree.data_mut(at).snapshot.as_mut() {
                 s.expected = expected.binary_search(&at_depth).is_ok();
                 if s.expected {
                     s.credit = inflation;
                 }
             }
-            at_depth -= n.tokens.len();
-            at = n.parent;
+            at_depth -= edge;
+            at = parent;
         }
         let mut off_path: Vec<NodeId> = Vec::new();
         for (i, &on) in below_resumed.iter().enumerate() {
             // The child on the path is the previous entry (the path was walked upwards).
             let path_child = i.checked_sub(1).map(|j| below_resumed[j]);
-            off_path.extend(self.nodes[on].children.values().copied().filter(|&c| Some(c) != path_child));
+            off_path.extend(self.tree.node(on).children().filter(|&c| Some(c) != path_child));
         }
         while let Some(id) = off_path.pop() {
-            let n = &mut self.nodes[id];
-            if let Some(s) = n.snapshot.as_mut() {
+            if let Some(s) = self.tree.data_mut(id).snapshot.as_mut() {
                 s.expected = false;
             }
-            off_path.extend(n.children.values().copied());
+            off_path.extend(self.tree.node(id).children());
         }
     }
 
@@ -124,32 +126,32 @@ impl RadixCache {
     pub fn evict_snapshot(&mut self) -> Option<u32> {
         // Nodes with a snapshot somewhere below them.
         let mut covered = HashSet::new();
-        for node in self.nodes.iter().filter(|n| n.alive && n.snapshot.is_some()) {
-            let mut above = node.parent;
+        for (_, node) in self.tree.nodes().filter(|(_, n)| n.data.snapshot.is_some()) {
+            let mut above = node.parent();
             while above != ROOT && covered.insert(above) {
-                above = self.nodes[above].parent;
+                above = self.tree.node(above).parent();
             }
         }
         // (kept, priority, credit, deeper first) of the best candidate so far, and its node.
         type Rank = (bool, u64, u64, Reverse<usize>);
         let mut best: Option<(Rank, NodeId)> = None;
-        for (id, node) in self.nodes.iter().enumerate() {
-            let Some(snapshot) = node.snapshot.filter(|_| node.alive) else { continue };
+        for (id, node) in self.tree.nodes() {
+            let Some(snapshot) = node.data.snapshot else { continue };
             // Tokens up to the next snapshot above (or the root): what losing this one costs.
-            let mut gap = node.tokens.len();
+            let mut gap = node.tokens().len();
             let mut depth = gap;
-            let mut above = node.parent;
+            let mut above = node.parent();
             let mut found_above = false;
             while above != ROOT {
-                let n = &self.nodes[above];
-                found_above |= n.snapshot.is_some();
+                let n = self.tree.node(above);
+                found_above |= n.data.snapshot.is_some();
                 if !found_above {
-                    gap += n.tokens.len();
+                    gap += n.tokens().len();
                 }
-                depth += n.tokens.len();
-                above = n.parent;
+                depth += n.tokens().len();
+                above = n.parent();
             }
-            let redundant = !snapshot.expected && node.children.len() < 2 && covered.contains(&id);
+            let redundant = !snapshot.expected && node.child_count() < 2 && covered.contains(&id);
             let key = (!redundant, snapshot.credit + gap as u64, snapshot.credit, Reverse(depth));
             if best.is_none_or(|(k, _)| key < k) {
                 best = Some((key, id));
@@ -158,6 +160,6 @@ impl RadixCache {
         let ((_, priority, _, _), id) = best?;
         self.snapshot_inflation = self.snapshot_inflation.max(priority);
         self.snapshots -= 1;
-        self.nodes[id].snapshot.take().map(|s| s.slot)
+        self.tree.data_mut(id).snapshot.take().map(|s| s.slot)
     }
 }
