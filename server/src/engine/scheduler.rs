@@ -110,7 +110,7 @@ impl Scheduler {
     }
 
     /// The waiting request to admit next, if any may be.
-    fn candidate(&self, cache: &mut RequestCache) -> Option<usize> {
+    fn candidate(&self, cache: &RequestCache) -> Option<usize> {
         let mut candidate = None;
         let mut best_cached = 0;
         for (i, seq) in self.waiting.iter().enumerate() {

@@ -99,8 +99,9 @@ impl RequestCache {
     }
 
     /// How much of a waiting sequence's prompt (all but its last token) the cache holds for it:
-    /// how the scheduler ranks waiting requests.
-    pub(crate) fn cached_prompt(&mut self, seq: &Sequence) -> usize {
+    /// how the scheduler ranks waiting requests. A read-only peek: scoring moves no LRU clock,
+    /// splits no edge and renews no snapshot.
+    pub(crate) fn cached_prompt(&self, seq: &Sequence) -> usize {
         let (view, len) = (seq.view(), seq.prompt_len() - 1);
         self.prefix.cached_len(view, len)
     }

@@ -165,15 +165,15 @@ impl PrefixCache {
     }
 
     /// How much of the first `len` tokens of `seq` the cache holds for it (a hybrid model's:
-    /// up to the deepest snapshot).
-    pub(crate) fn cached_len(&mut self, seq: SequenceView, len: usize) -> usize {
+    /// up to the deepest snapshot), without touching the tree: nothing is used yet.
+    pub(crate) fn cached_len(&self, seq: SequenceView, len: usize) -> usize {
         if !self.serves(seq.request.use_cache) {
             return 0;
         }
-        let m = self.tree.match_prefix(seq.cache_key(len));
+        let peek = self.tree.peek_prefix(seq.cache_key(len));
         match self.snapshots {
-            Some(_) => m.snapshot.map_or(0, |hit| hit.tokens),
-            None => m.tokens,
+            Some(_) => peek.snapshot.unwrap_or(0),
+            None => peek.tokens,
         }
     }
 
