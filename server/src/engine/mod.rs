@@ -22,7 +22,7 @@ mod sequence;
 pub mod stop;
 
 pub use cache_key::{CacheKey, CacheNamespace};
-pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
+pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix, Tenant};
 pub use constraint::{Constraint, ConstraintFactory};
 pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, EngineStats, ScheduledStep};
 pub use disk_tier::identity::build_id;
@@ -31,6 +31,6 @@ pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};
 pub use pages::PageAllocator;
 pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, RadixCache, SnapshotHit, SnapshotPrefix};
-pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
+pub use request::{EngineEvent, FinishReason, GenerateRequest, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::{StopMatcher, StopOutput};
