@@ -22,6 +22,7 @@ mod metrics;
 mod output;
 mod preparation;
 mod prompt_parts;
+mod prompt_structure;
 mod recent;
 mod recorder;
 mod reply;
@@ -45,12 +46,18 @@ use crate::engine::{EngineHandle, SamplingParams};
 pub use auth::ApiKeys;
 pub use browser::BrowserPolicy;
 pub use error::ApiError;
-pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
 pub use preparation::PreparationPool;
 pub use recent::RecentRequests;
 pub use recorder::RequestRecorder;
 pub use request::llama_server_sampling;
+
+/// Largest request body accepted (agent prompts with long files stay far below it).
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Deepest JSON nesting accepted; no API shape needs more than a handful of levels, and a
+/// recursive parser must not be handed unbounded depth.
+pub const MAX_JSON_DEPTH: usize = 128;
 
 /// What every handler shares.
 pub struct ApiState {
