@@ -14,6 +14,7 @@ use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respo
 use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
 use super::preparation::off_workers;
+use super::prompt_structure::PromptStructure;
 use super::reply::{created, timings_json, unique_suffix, usage};
 use super::request::{
     ChatBody, ChatCompletionRequest, ToolChoice, ToolDefinition, check_context, parse_body, top_logprobs,
@@ -95,9 +96,11 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     let reasoning_close = format.starts_in_reasoning(&rendered.text).then(|| format.reasoning_close());
     let constraint = super::constrain::chat_constraint(&fields, format.output, reasoning_close, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
+    let structure = PromptStructure::new(&state.template, &chat, &rendered.text);
     let snapshot_points = offsets.as_deref().map_or_else(Default::default, |offsets| {
         super::snapshot_points::snapshot_points(
             &state.template,
+            &structure,
             &chat,
             &rendered,
             offsets,
@@ -105,7 +108,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         )
     });
     let mut cache = super::cache_report::CacheContext::new(
-        &state.template,
+        structure,
         &state.tokenizer,
         chat,
         rendered,

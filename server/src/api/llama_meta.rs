@@ -105,8 +105,9 @@ pub(super) async fn apply_template(State(state): State<Arc<ApiState>>, body: Byt
                 .tokenizer
                 .prompt_offsets(&rendered.text, &rendered.content_controls)
                 .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+            let structure = super::prompt_structure::PromptStructure::new(&state.template, &chat, &rendered.text);
             let parts = super::prompt_parts::prompt_parts(
-                &state.template,
+                &structure,
                 &chat,
                 &rendered.text,
                 &offsets,

@@ -29,7 +29,8 @@ use axum::response::Response;
 use radix_templates::prepare::ControlSpellings;
 use serde_json::{Value as Json, json};
 
-use super::cache_report::{CacheContext, Explained, message_text};
+use super::cache_report::{CacheContext, Explained};
+use super::prompt_structure::message_text;
 use crate::engine::{FinishReason, GenerateRequest, Tenant, Timings};
 use timeline::Timeline;
 
