@@ -112,11 +112,9 @@ impl Explained {
     }
 }
 
-/// Adds the report to a response body as `cache_report`, when the client asked for it.
-pub(crate) fn attach(body: &mut Json, explained: Option<&Explained>) {
-    if let Some(e) = explained.filter(|e| e.wanted) {
-        body["cache_report"] = e.json.clone();
-    }
+/// The report as a response's `cache_report`, when the client asked for it.
+pub(crate) fn for_response(explained: Option<&Explained>) -> Option<Json> {
+    explained.filter(|e| e.wanted).map(|e| e.json.clone())
 }
 
 /// Sets the `x-radix-cache` response header.

@@ -27,6 +27,7 @@ mod recent;
 mod recorder;
 mod reply;
 mod request;
+mod response;
 mod router_compat;
 mod snapshot_points;
 mod ui;
@@ -40,7 +41,6 @@ use axum::routing::{get, post};
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::ModelFormat;
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
-use serde_json::json;
 
 use crate::engine::{EngineHandle, SamplingParams};
 pub use auth::ApiKeys;
@@ -166,25 +166,15 @@ pub fn router(state: Arc<ApiState>) -> Router {
 }
 
 async fn models(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Value> {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "radix-serve",
-            "context_length": state.context_length,
-            "meta": {"n_ctx_train": state.context_length}
-        }]
-    }))
+    axum::Json(response::to_json(&response::openai::ModelList::new(&state.model_name, state.context_length)))
 }
 
 async fn health(State(state): State<Arc<ApiState>>) -> axum::response::Response {
     use axum::response::IntoResponse;
     let stats = state.engine.stats();
     if !state.engine.alive() {
-        let body = json!({"status": "engine stopped", "engine": stats});
-        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        let body = response::llama::Health { status: "engine stopped", engine: stats };
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(response::to_json(&body))).into_response();
     }
-    axum::Json(json!({"status": "ok", "engine": stats})).into_response()
+    axum::Json(response::to_json(&response::llama::Health { status: "ok", engine: stats })).into_response()
 }

@@ -1,0 +1,267 @@
+//! OpenAI's responses: chat completions and their stream chunks, text completions and theirs,
+//! `usage`, and the `/v1/models` list. The non-OpenAI fields the server adds (`timings`,
+//! llama-server's; `cache_report`, ours) come last, left out where a response has none.
+
+use radix_templates::parse::ParseEvent;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::llama::Timings;
+use crate::api::output::Generation;
+
+/// `usage`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+    completion_tokens_details: CompletionTokensDetails,
+}
+
+#[derive(Debug, Serialize)]
+struct PromptTokensDetails {
+    cached_tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct CompletionTokensDetails {
+    reasoning_tokens: usize,
+}
+
+impl Usage {
+    /// The usage of a finished generation that shows `completion` tokens.
+    pub(crate) fn new(generation: &Generation, completion: usize) -> Self {
+        let prompt = generation.prompt_tokens;
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: generation.cached_tokens },
+            completion_tokens_details: CompletionTokensDetails {
+                reasoning_tokens: generation.pipeline.reasoning_tokens,
+            },
+        }
+    }
+}
+
+/// A response object (`chat.completion`, `chat.completion.chunk`, `text_completion`): the
+/// fields every one has around its `choices`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Completion<C> {
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// The object type.
+    pub object: &'static str,
+    /// Seconds since the epoch.
+    pub created: u64,
+    /// The model's name.
+    pub model: String,
+    /// One choice (none in the closing usage chunk).
+    pub choices: Vec<C>,
+    /// On whole responses and the closing usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// llama-server's timings, on whole responses and the last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
+    /// The cache report, where the client asked for it (`cache_report.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_report: Option<Json>,
+}
+
+/// A streamed chat choice.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: Delta,
+    /// The log-probabilities of the tokens since the last chunk, where asked for.
+    pub logprobs: Option<Json>,
+    /// Set on the last chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A chat chunk's `delta`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Delta {
+    /// The first chunk's.
+    Start {
+        /// `assistant`.
+        role: &'static str,
+        /// Empty.
+        content: &'static str,
+    },
+    /// Reply text.
+    Content {
+        /// The text.
+        content: String,
+    },
+    /// Reasoning text.
+    Reasoning {
+        /// The text.
+        reasoning_content: String,
+    },
+    /// A tool call's start or arguments.
+    ToolCalls {
+        /// One call.
+        tool_calls: [ToolCallDelta; 1],
+    },
+    /// The last chunk's: nothing.
+    Empty {},
+}
+
+impl Delta {
+    /// The delta of one parse event.
+    pub(crate) fn of(event: &ParseEvent) -> Self {
+        match event {
+            ParseEvent::Content(text) => Delta::Content { content: text.clone() },
+            ParseEvent::Reasoning(text) => Delta::Reasoning { reasoning_content: text.clone() },
+            ParseEvent::ToolCallStart { index, id, name } => Delta::ToolCalls {
+                tool_calls: [ToolCallDelta::Start {
+                    index: *index,
+                    id: id.clone(),
+                    kind: "function",
+                    function: FunctionCall { name: name.clone(), arguments: String::new() },
+                }],
+            },
+            ParseEvent::ToolCallArguments { index, delta } => Delta::ToolCalls {
+                tool_calls: [ToolCallDelta::Arguments { index: *index, function: ArgumentsDelta { arguments: delta.clone() } }],
+            },
+        }
+    }
+}
+
+/// A streamed tool call.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum ToolCallDelta {
+    /// The call starts: its id and name.
+    Start {
+        /// Which call.
+        index: usize,
+        /// Its id.
+        id: String,
+        /// `function`.
+        #[serde(rename = "type")]
+        kind: &'static str,
+        /// Its name, arguments empty.
+        function: FunctionCall,
+    },
+    /// More of its arguments.
+    Arguments {
+        /// Which call.
+        index: usize,
+        /// The text added.
+        function: ArgumentsDelta,
+    },
+}
+
+/// `{"arguments": …}`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ArgumentsDelta {
+    arguments: String,
+}
+
+/// A function call's name and arguments (JSON text).
+#[derive(Debug, Serialize)]
+pub(crate) struct FunctionCall {
+    /// The function.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
+}
+
+/// A whole chat choice.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The reply.
+    pub message: ChatMessage,
+    /// The log-probabilities, where asked for.
+    pub logprobs: Option<Json>,
+    /// Why it ended.
+    pub finish_reason: &'static str,
+}
+
+/// The reply's message.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatMessage {
+    /// `assistant`.
+    pub role: &'static str,
+    /// The text; `null` where the reply is only tool calls.
+    pub content: Option<String>,
+    /// The reasoning, where the model wrote some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls, where there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A whole tool call.
+#[derive(Debug, Serialize)]
+pub(crate) struct ToolCall {
+    /// Its id.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// What it calls.
+    pub function: FunctionCall,
+}
+
+/// A text-completion choice (whole or streamed).
+#[derive(Debug, Serialize)]
+pub(crate) struct TextChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The text.
+    pub text: String,
+    /// The log-probabilities, where asked for.
+    pub logprobs: Option<Json>,
+    /// Set when it ended.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ModelList {
+    object: &'static str,
+    data: [ModelEntry; 1],
+}
+
+#[derive(Debug, Serialize)]
+struct ModelEntry {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    context_length: usize,
+    meta: ModelMeta,
+}
+
+#[derive(Debug, Serialize)]
+struct ModelMeta {
+    n_ctx_train: usize,
+}
+
+impl ModelList {
+    /// The one model served, as `name`, with a context of `context_length` tokens.
+    pub(crate) fn new(name: &str, context_length: usize) -> Self {
+        ModelList {
+            object: "list",
+            data: [ModelEntry {
+                id: name.to_owned(),
+                object: "model",
+                created: 0,
+                owned_by: "radix-serve",
+                context_length,
+                meta: ModelMeta { n_ctx_train: context_length },
+            }],
+        }
+    }
+}
