@@ -11,9 +11,11 @@ use std::sync::Arc;
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::ChatRequest;
 use radix_templates::prepare::RenderedPrompt;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 use super::prompt_structure::{PromptStructure, floor_char_boundary};
+use super::response::radix::{self as response, Divergence, PreviousVersion, PromptParts};
+use super::response::to_json;
 use crate::engine::{CacheReport, MissReason};
 
 /// Tokens of context shown on each side of a divergence.
@@ -71,7 +73,7 @@ impl CacheContext {
 
     /// The prompt's tokens per part, of which the first `cached` came from the cache
     /// (`prompt_parts`); `None` where the token offsets cannot be had.
-    pub(crate) fn prompt_parts(&self, cached: usize) -> Option<Json> {
+    pub(crate) fn prompt_parts(&self, cached: usize) -> Option<PromptParts> {
         let offsets = self
             .offsets
             .clone()
@@ -136,7 +138,7 @@ struct Place {
 /// report stays at token level.
 pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) -> Explained {
     let mut reason = report.reason;
-    let mut divergence = Json::Null;
+    let mut divergence = None;
     let mut log_place = String::new();
     if let (Some(at), Some(ctx)) = (report.divergence, context) {
         let window = |tokens: &[u32], from: usize, to: usize| -> String {
@@ -148,48 +150,50 @@ pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) 
         let place = locate(&ctx.structure, offset);
         reason = refine(ctx, &report, at, &place, reason);
         let role = place.message.and_then(|k| ctx.chat.messages.get(k)).and_then(|m| m["role"].as_str());
-        let previous_after = report.previous.as_ref().map(|p| window(&p.tokens, at, at + CONTEXT_TOKENS));
-        divergence = json!({
-            "token": at,
-            "part": place.part,
-            "message_index": place.message,
-            "role": role,
-            "before": window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at),
-            "after": window(&ctx.prompt, at, at + CONTEXT_TOKENS),
-            "previous_after": previous_after,
-        });
+        let before = window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at);
+        let after = window(&ctx.prompt, at, at + CONTEXT_TOKENS);
         log_place = match place.message {
             Some(k) => format!(" in {} (message {k}, {})", place.part, role.unwrap_or("?")),
             None => format!(" in {}", place.part),
         };
         if ctx.log_prompts {
-            let side = |key: &str| divergence[key].as_str().unwrap_or_default().to_owned();
-            log_place.push_str(&format!(" between {:?} and {:?}", side("before"), side("after")));
+            log_place.push_str(&format!(" between {before:?} and {after:?}"));
         }
+        divergence = Some(Divergence::Placed {
+            token: at,
+            part: place.part,
+            message_index: place.message,
+            role: role.map(str::to_owned),
+            before,
+            after,
+            previous_after: report.previous.as_ref().map(|p| window(&p.tokens, at, at + CONTEXT_TOKENS)),
+        });
     } else if let Some(at) = report.divergence {
-        divergence = json!({"token": at});
+        divergence = Some(Divergence::At { token: at });
     }
-    let previous = report.previous.as_ref().map(|p| {
-        json!({"common_prefix_tokens": p.common_prefix, "prompt_tokens": p.prompt_len, "total_tokens": p.tokens.len()})
+    let previous = report.previous.as_ref().map(|p| PreviousVersion {
+        common_prefix_tokens: p.common_prefix,
+        prompt_tokens: p.prompt_len,
+        total_tokens: p.tokens.len(),
     });
-    let mut json = json!({
-        "prompt_tokens": report.prompt_tokens,
-        "cached_tokens": report.cached_tokens,
-        "reason": reason.map(MissReason::as_str),
-        "divergence": divergence,
-        "previous": previous,
-    });
-    if report.restored_from_disk > 0 {
-        json["restored_from_disk"] = json!(report.restored_from_disk);
-        log_place.push_str(&format!(" ({} cached tokens restored from disk)", report.restored_from_disk));
+    let restored_from_disk = Some(report.restored_from_disk).filter(|&n| n > 0);
+    if let Some(restored) = restored_from_disk {
+        log_place.push_str(&format!(" ({restored} cached tokens restored from disk)"));
     }
     if let Some(recomputed) = report.recomputed_for_snapshot {
-        json["recomputed_for_snapshot"] = json!(recomputed);
         log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
     }
-    if let Some(parts) = context.filter(|c| c.wanted).and_then(|c| c.prompt_parts(report.cached_tokens)) {
-        json["prompt_parts"] = parts;
-    }
+    let body = response::CacheReport {
+        prompt_tokens: report.prompt_tokens,
+        cached_tokens: report.cached_tokens,
+        reason: reason.map(MissReason::as_str),
+        divergence,
+        previous,
+        restored_from_disk,
+        recomputed_for_snapshot: report.recomputed_for_snapshot,
+        prompt_parts: context.filter(|c| c.wanted).and_then(|c| c.prompt_parts(report.cached_tokens)),
+    };
+    let json = to_json(&body);
     match (reason, report.divergence) {
         (Some(reason), Some(at)) => eprintln!(
             "radix-serve: cache prompt={} cached={}: reuse stopped at token {at}{log_place}: {}",
@@ -259,6 +263,7 @@ fn refine(
 #[cfg(test)]
 mod tests {
     use radix_templates::prepare::PreparedTemplate;
+    use serde_json::json;
 
     use super::*;
 

@@ -15,15 +15,13 @@ use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
 use super::preparation::off_workers;
 use super::prompt_structure::PromptStructure;
-use super::reply::{created, unique_suffix};
-use super::response::llama;
-use super::response::openai::{
-    ChatChoice, ChatMessage, ChunkChoice, Completion, Delta, FunctionCall, ToolCall, Usage,
-};
-use super::response::to_json;
+use super::reply::{created, unique_suffix, usage};
 use super::request::{
     ChatBody, ChatCompletionRequest, ToolChoice, ToolDefinition, check_context, parse_body, top_logprobs,
 };
+use super::response;
+use super::response::openai::{ChatChoice, ChatMessage, ChunkChoice, Completion, Delta, FunctionCall, ToolCall};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, Tenant, Timings};
 
@@ -222,7 +220,12 @@ impl ChatWire {
 
 impl WireFormat for ChatWire {
     fn start_events(&mut self) -> Vec<WireEvent> {
-        let start = ChunkChoice { index: 0, delta: Delta::Start { role: "assistant", content: "" }, logprobs: None, finish_reason: None };
+        let start = ChunkChoice {
+            index: 0,
+            delta: Delta::Start { role: "assistant", content: "" },
+            logprobs: None,
+            finish_reason: None,
+        };
         vec![WireEvent::Data(to_json(&self.chunk(vec![start])))]
     }
 
@@ -239,13 +242,13 @@ impl WireFormat for ChatWire {
         let generation = at.generation;
         let finish = ending.finish_reason(generation.pipeline.tool_calls);
         let mut last = self.choice_chunk(Delta::Empty {}, Some(finish), at)?;
-        last.timings = Some(llama::Timings::new(timings));
+        last.timings = Some(response::Timings::new(timings));
         last.cache_report = super::cache_report::for_response(generation.cache.as_ref());
         let mut out = vec![WireEvent::Data(to_json(&last))];
         if self.include_usage {
-            let mut usage = self.chunk(Vec::new());
-            usage.usage = Some(Usage::new(generation, generation.tokens.len()));
-            out.push(WireEvent::Data(to_json(&usage)));
+            let mut usage_chunk = self.chunk(Vec::new());
+            usage_chunk.usage = Some(usage(generation, generation.tokens.len()));
+            out.push(WireEvent::Data(to_json(&usage_chunk)));
         }
         out.push(WireEvent::Done);
         Ok(out)
@@ -264,7 +267,8 @@ impl WireFormat for ChatWire {
             .collect();
         // A reply of tool calls alone has no text: `null`, not `""`.
         let content = Some(message.content).filter(|c| !c.is_empty() || tool_calls.is_empty());
-        let reply = ChatMessage { role: "assistant", content, reasoning_content: message.reasoning_content, tool_calls };
+        let reply =
+            ChatMessage { role: "assistant", content, reasoning_content: message.reasoning_content, tool_calls };
         let finish_reason = ending.finish_reason(generation.pipeline.tool_calls);
         let logprobs = match self.wants_logprobs {
             true => Some(chat_logprobs(&mut self.token_text, &generation.logprobs)?),
@@ -276,8 +280,8 @@ impl WireFormat for ChatWire {
             created: self.created,
             model: self.model,
             choices: vec![ChatChoice { index: 0, message: reply, logprobs, finish_reason }],
-            usage: Some(Usage::new(generation, generation.tokens.len())),
-            timings: Some(llama::Timings::new(&timings)),
+            usage: Some(usage(generation, generation.tokens.len())),
+            timings: Some(response::Timings::new(&timings)),
             cache_report: super::cache_report::for_response(generation.cache.as_ref()),
         };
         let mut response = axum::Json(to_json(&body)).into_response();

@@ -15,11 +15,11 @@ use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respo
 use super::logprobs::TokenText;
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
-use super::reply::{created, plain_parser, text_of, unique_suffix};
-use super::response::llama;
-use super::response::openai::{Completion, TextChoice, Usage};
-use super::response::to_json;
+use super::reply::{created, plain_parser, text_of, unique_suffix, usage};
 use super::request::{CompletionRequest, GenerationBody, GenerationFields, check_context, prompt_tokens, top_logprobs};
+use super::response;
+use super::response::openai::{Completion, CompletionLogprobs, TextChoice, Usage};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
@@ -147,11 +147,11 @@ impl CompletionsWire {
 
     /// Generated tokens as the usage counts them: none when nothing is shown.
     fn usage(&self, generation: &Generation) -> Usage {
-        Usage::new(generation, if self.silent { 0 } else { generation.tokens.len() })
+        usage(generation, if self.silent { 0 } else { generation.tokens.len() })
     }
 }
 
-fn choice(text: String, finish_reason: Option<&'static str>, logprobs: Option<Json>) -> Vec<TextChoice> {
+fn choice(text: String, finish_reason: Option<&'static str>, logprobs: Option<CompletionLogprobs>) -> Vec<TextChoice> {
     vec![TextChoice { index: 0, text, logprobs, finish_reason }]
 }
 
@@ -170,7 +170,7 @@ impl WireFormat for CompletionsWire {
 
     fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let mut last = self.chunk(choice(String::new(), Some(ending.finish_reason(false)), None));
-        last.timings = Some(llama::Timings::new(timings));
+        last.timings = Some(response::Timings::new(timings));
         let mut out = vec![WireEvent::Data(to_json(&last))];
         if self.include_usage {
             let mut usage_chunk = self.chunk(Vec::new());
@@ -187,7 +187,7 @@ impl WireFormat for CompletionsWire {
             (self.wants_logprobs && !self.silent).then(|| self.token_text.completion_logprobs(&generation.logprobs, 0));
         let mut body = self.chunk(choice(text, Some(ending.finish_reason(false)), logprobs));
         body.usage = Some(self.usage(generation));
-        body.timings = Some(llama::Timings::new(&timings));
+        body.timings = Some(response::Timings::new(&timings));
         Ok(axum::Json(to_json(&body)).into_response())
     }
 }

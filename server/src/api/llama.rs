@@ -18,9 +18,9 @@ use super::logprobs::{TokenText, llama_probabilities};
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
 use super::reply::text_of;
-use super::response::llama::{self as response, CompletionChunk, CompletionFinal, GenerationSettings};
-use super::response::to_json;
 use super::request::{GenerationBody, LlamaCompletionRequest, top_logprobs};
+use super::response::llama::{CompletionChunk, CompletionFinal, GenerationSettings};
+use super::response::{self, to_json};
 use super::{ApiError, ApiState};
 use crate::engine::{SamplingParams, Tenant, Timings};
 
@@ -155,8 +155,7 @@ impl WireFormat for LlamaWire {
         };
         // The engine sends a token's logprobs just before the token.
         if let Some(lp) = generation.logprobs.last().filter(|lp| Some(lp.token) == piece.token) {
-            chunk.completion_probabilities =
-                Some(llama_probabilities(&mut self.token_text, std::slice::from_ref(lp))?);
+            chunk.completion_probabilities = Some(llama_probabilities(&mut self.token_text, std::slice::from_ref(lp))?);
         }
         Ok(vec![WireEvent::Data(to_json(&chunk))])
     }

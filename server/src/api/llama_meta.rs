@@ -12,11 +12,11 @@ use serde_json::Value as Json;
 
 use super::logprobs::TokenText;
 use super::preparation::off_workers;
+use super::request::{DetokenizeRequest, TokenizeRequest, check_prompt_bytes, parse_body, token_id, typed};
 use super::response::llama::{
     AppliedTemplate, Detokenized, Empty, GenerationSettings, Modalities, Piece, Props, Slot, TokenPiece, Tokenized,
 };
 use super::response::to_json;
-use super::request::{DetokenizeRequest, TokenizeRequest, check_prompt_bytes, parse_body, token_id, typed};
 use super::{ApiError, ApiState};
 
 fn respond(result: Result<Json, ApiError>) -> Response {

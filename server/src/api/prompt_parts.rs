@@ -17,11 +17,12 @@ use std::ops::Range;
 
 use radix_templates::ChatRequest;
 use radix_templates::prepare::ControlSpellings;
-use serde_json::{Map, Value as Json, json};
+use serde_json::Value as Json;
 
 use super::prompt_structure::{PromptStructure, find_messages};
+use super::response::radix::{MessageCount, PartCount, PromptParts};
 
-/// The part kinds, in the order the report lists them.
+/// The part kinds, in the order the report lists them (`PromptParts`' fields).
 const KINDS: [&str; 8] =
     ["system", "tools", "user", "assistant", "reasoning", "tool_call_arguments", "tool", "generation_prompt"];
 
@@ -116,11 +117,10 @@ pub(crate) fn prompt_parts(
     offsets: &[usize],
     cached: Option<usize>,
     controls: Option<&ControlSpellings>,
-) -> Json {
+) -> PromptParts {
     let spans = spans(structure, chat, prompt_text, controls);
     let byte_ranges = message_ranges(&spans, chat.messages.len());
     let owner = |offset: usize| spans.iter().rev().find(|s| s.bytes.contains(&offset));
-    let mut totals: Map<String, Json> = Map::new();
     let mut messages: Vec<(usize, usize)> = vec![(0, 0); chat.messages.len()];
     let mut counts = [(0usize, 0usize); KINDS.len()];
     for (i, &offset) in offsets.iter().enumerate() {
@@ -135,26 +135,29 @@ pub(crate) fn prompt_parts(
             messages[k].1 += usize::from(is_cached);
         }
     }
-    let entry = |(tokens, in_cache): (usize, usize)| match cached {
-        Some(_) => json!({"tokens": tokens, "cached": in_cache, "computed": tokens - in_cache}),
-        None => json!({"tokens": tokens}),
-    };
-    for (kind, count) in KINDS.iter().zip(counts) {
-        totals.insert((*kind).to_owned(), entry(count));
-    }
-    let per_message: Vec<Json> = messages
+    let entry = |(tokens, in_cache): (usize, usize)| PartCount::new(tokens, cached.map(|_| in_cache));
+    let [system, tools, user, assistant, reasoning, tool_call_arguments, tool, generation_prompt] = counts.map(entry);
+    let per_message = messages
         .into_iter()
         .enumerate()
-        .map(|(k, count)| {
-            let mut e = entry(count);
-            e["index"] = json!(k);
-            e["role"] = chat.messages[k]["role"].clone();
-            e["bytes"] = byte_ranges[k].as_ref().map_or(Json::Null, |r| json!([r.start, r.end]));
-            e
+        .map(|(k, count)| MessageCount {
+            count: entry(count),
+            index: k,
+            role: chat.messages[k]["role"].clone(),
+            bytes: byte_ranges[k].as_ref().map(|r| [r.start, r.end]),
         })
         .collect();
-    totals.insert("messages".into(), Json::Array(per_message));
-    Json::Object(totals)
+    PromptParts {
+        system,
+        tools,
+        user,
+        assistant,
+        reasoning,
+        tool_call_arguments,
+        tool,
+        generation_prompt,
+        messages: Some(per_message),
+    }
 }
 
 /// Each message's whole byte range (its header included), where it was found.

@@ -1,9 +1,12 @@
-//! Parts of replies several APIs share: ids, `created`, and the text of parse events (the
-//! response objects themselves are in `response/`).
+//! Parts of replies several APIs share: ids, `created`, OpenAI's `usage` of a generation, and
+//! the text of parse events (the response objects themselves are in `response/`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use radix_templates::parse::{OutputFormat, ParseEvent, ParserOptions};
+
+use super::output::Generation;
+use super::response::openai::Usage;
 
 /// A suffix that makes ids unique within this process and across restarts.
 pub(crate) fn unique_suffix() -> String {
@@ -17,6 +20,12 @@ pub(crate) fn unique_suffix() -> String {
 /// Seconds since the epoch, for `created`.
 pub(crate) fn created() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// OpenAI's `usage` of a finished generation that shows `completion` tokens.
+pub(crate) fn usage(generation: &Generation, completion: usize) -> Usage {
+    let reasoning = generation.pipeline.reasoning_tokens;
+    Usage::new(generation.prompt_tokens, generation.cached_tokens, completion, reasoning)
 }
 
 /// Raw text out: no reasoning or tool-call parsing.

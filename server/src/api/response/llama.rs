@@ -1,48 +1,14 @@
-//! llama.cpp's server responses: `/completion` (whole and streamed), `timings` (which the
-//! OpenAI routes carry too, as llama-server's do), `generation_settings` and the slot objects
+//! llama.cpp's server responses: `/completion` (whole and streamed), `generation_settings` and the slot objects
 //! of `/props` and `/slots`, and the small answers of `/tokenize`, `/detokenize` and
 //! `/apply-template`. Field names and JSON types are llama-server's.
 
 use serde::Serialize;
-use serde_json::Value as Json;
 
-use crate::engine::{SamplingParams, Timings as EngineTimings};
+use super::openai::TokenLogprob;
+use crate::engine::SamplingParams;
 
 /// llama-server's seed when the request gave none (`LLAMA_DEFAULT_SEED`): "a random one".
 const RANDOM_SEED: u64 = u32::MAX as u64;
-
-/// The `timings` object.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Timings {
-    cache_n: usize,
-    prompt_n: usize,
-    prompt_ms: f64,
-    prompt_per_token_ms: f64,
-    prompt_per_second: f64,
-    predicted_n: usize,
-    predicted_ms: f64,
-    predicted_per_token_ms: f64,
-    predicted_per_second: f64,
-}
-
-impl Timings {
-    /// The engine's timings, with the rates llama.cpp derives from them.
-    pub(crate) fn new(t: &EngineTimings) -> Self {
-        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
-        let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
-        Timings {
-            cache_n: t.cache_n,
-            prompt_n: t.prompt_n,
-            prompt_ms: t.prompt_ms,
-            prompt_per_token_ms: per_token(t.prompt_n, t.prompt_ms),
-            prompt_per_second: rate(t.prompt_n, t.prompt_ms),
-            predicted_n: t.predicted_n,
-            predicted_ms: t.predicted_ms,
-            predicted_per_token_ms: per_token(t.predicted_n, t.predicted_ms),
-            predicted_per_second: rate(t.predicted_n, t.predicted_ms),
-        }
-    }
-}
 
 /// The `generation_settings` object (and `/props`' and `/slots`' `params`): the settings a
 /// request ran with, under llama-server's names. Samplers we do not have are reported off.
@@ -144,7 +110,7 @@ pub(crate) struct CompletionChunk {
     pub tokens_evaluated: usize,
     /// The token's probabilities, when `n_probs` asked for them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completion_probabilities: Option<Json>,
+    pub completion_probabilities: Option<Vec<TokenLogprob>>,
 }
 
 /// The final `/completion` object: the whole response, or the last streamed chunk.
@@ -181,10 +147,10 @@ pub(crate) struct CompletionFinal {
     /// Prompt tokens that came from the cache.
     pub tokens_cached: usize,
     /// How long it took.
-    pub timings: Timings,
+    pub timings: super::Timings,
     /// Every token's probabilities, when `n_probs` asked for them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completion_probabilities: Option<Json>,
+    pub completion_probabilities: Option<Vec<TokenLogprob>>,
 }
 
 /// A slot's `next_token` when idle.
@@ -321,7 +287,7 @@ pub(crate) struct AppliedTemplate {
     /// Its length in tokens.
     pub prompt_tokens: usize,
     /// Where its tokens go (`prompt_parts.rs`).
-    pub prompt_parts: Json,
+    pub prompt_parts: super::radix::PromptParts,
 }
 
 /// `GET /health`: `ok`, or `engine stopped` (with 503), and the engine's counts.

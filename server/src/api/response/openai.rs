@@ -6,8 +6,7 @@ use radix_templates::parse::ParseEvent;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::llama::Timings;
-use crate::api::output::Generation;
+use super::Timings;
 
 /// `usage`.
 #[derive(Debug, Serialize)]
@@ -30,17 +29,15 @@ struct CompletionTokensDetails {
 }
 
 impl Usage {
-    /// The usage of a finished generation that shows `completion` tokens.
-    pub(crate) fn new(generation: &Generation, completion: usize) -> Self {
-        let prompt = generation.prompt_tokens;
+    /// The usage of `prompt` tokens, `cached` of them from the cache, and `completion` shown
+    /// tokens, `reasoning` of them reasoning.
+    pub(crate) fn new(prompt: usize, cached: usize, completion: usize, reasoning: usize) -> Self {
         Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: generation.cached_tokens },
-            completion_tokens_details: CompletionTokensDetails {
-                reasoning_tokens: generation.pipeline.reasoning_tokens,
-            },
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+            completion_tokens_details: CompletionTokensDetails { reasoning_tokens: reasoning },
         }
     }
 }
@@ -78,7 +75,7 @@ pub(crate) struct ChunkChoice {
     /// What this chunk adds.
     pub delta: Delta,
     /// The log-probabilities of the tokens since the last chunk, where asked for.
-    pub logprobs: Option<Json>,
+    pub logprobs: Option<ChatLogprobs>,
     /// Set on the last chunk.
     pub finish_reason: Option<&'static str>,
 }
@@ -128,7 +125,10 @@ impl Delta {
                 }],
             },
             ParseEvent::ToolCallArguments { index, delta } => Delta::ToolCalls {
-                tool_calls: [ToolCallDelta::Arguments { index: *index, function: ArgumentsDelta { arguments: delta.clone() } }],
+                tool_calls: [ToolCallDelta::Arguments {
+                    index: *index,
+                    function: ArgumentsDelta { arguments: delta.clone() },
+                }],
             },
         }
     }
@@ -182,7 +182,7 @@ pub(crate) struct ChatChoice {
     /// The reply.
     pub message: ChatMessage,
     /// The log-probabilities, where asked for.
-    pub logprobs: Option<Json>,
+    pub logprobs: Option<ChatLogprobs>,
     /// Why it ended.
     pub finish_reason: &'static str,
 }
@@ -222,7 +222,7 @@ pub(crate) struct TextChoice {
     /// The text.
     pub text: String,
     /// The log-probabilities, where asked for.
-    pub logprobs: Option<Json>,
+    pub logprobs: Option<CompletionLogprobs>,
     /// Set when it ended.
     pub finish_reason: Option<&'static str>,
 }
@@ -264,4 +264,64 @@ impl ModelList {
             }],
         }
     }
+}
+
+/// The error body: `{"error": {"message", "type", "code"}}`, `code` `null` where none fits.
+#[derive(Debug, Serialize)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorDetail {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    code: Option<&'static str>,
+}
+
+impl ErrorBody {
+    /// An error of OpenAI's `kind` saying `message`.
+    pub(crate) fn new(message: String, kind: &'static str, code: Option<&'static str>) -> Self {
+        ErrorBody { error: ErrorDetail { message, kind, code } }
+    }
+}
+
+/// One token's log-probability (chat's `logprobs.content`, and llama.cpp's
+/// `completion_probabilities`, which add the `id`), with its alternatives.
+#[derive(Debug, Serialize)]
+pub(crate) struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Its id (llama.cpp's form only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    /// The most likely tokens there (on the sampled token, not on the alternatives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatLogprobs {
+    /// One entry per token.
+    pub content: Vec<TokenLogprob>,
+}
+
+/// A text completion's `logprobs`: parallel lists, one entry per token.
+#[derive(Debug, Serialize)]
+pub(crate) struct CompletionLogprobs {
+    /// The tokens' texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// The alternatives at each, by text. Keyed by the tokens' texts, so a map: two ids that
+    /// decode alike share a key, the later one's value in the earlier one's place, as always.
+    pub top_logprobs: Vec<serde_json::Map<String, Json>>,
+    /// Where each token starts in the text.
+    pub text_offset: Vec<usize>,
 }
