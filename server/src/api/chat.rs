@@ -188,16 +188,7 @@ impl ChatWire {
     }
 
     fn chunk(&self, choices: Vec<ChunkChoice>) -> Completion<ChunkChoice> {
-        Completion {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage: None,
-            timings: None,
-            cache_report: None,
-        }
+        Completion::new(&self.id, "chat.completion.chunk", self.created, &self.model, choices)
     }
 
     /// A chunk of one choice; log-probabilities go with the next chunk sent after their token.

@@ -133,16 +133,7 @@ struct CompletionsWire {
 
 impl CompletionsWire {
     fn chunk(&self, choices: Vec<TextChoice>) -> Completion<TextChoice> {
-        Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage: None,
-            timings: None,
-            cache_report: None,
-        }
+        Completion::new(&self.id, "text_completion", self.created, &self.model, choices)
     }
 
     /// Generated tokens as the usage counts them: none when nothing is shown.

@@ -67,6 +67,22 @@ pub(crate) struct Completion<C> {
     pub cache_report: Option<Json>,
 }
 
+impl<C> Completion<C> {
+    /// An object of type `object` with these `choices`, and none of the optional fields.
+    pub(crate) fn new(id: &str, object: &'static str, created: u64, model: &str, choices: Vec<C>) -> Self {
+        Completion {
+            id: id.to_owned(),
+            object,
+            created,
+            model: model.to_owned(),
+            choices,
+            usage: None,
+            timings: None,
+            cache_report: None,
+        }
+    }
+}
+
 /// A streamed chat choice.
 #[derive(Debug, Serialize)]
 pub(crate) struct ChunkChoice {
