@@ -148,6 +148,7 @@ const ENV_BLOCK: &str = "<env>";
 /// does not render the longer request).
 fn next_user_turn_divergence(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Option<usize> {
     let mut messages = chat.messages.clone();
+    // A chat message as the template reads it (messages are JSON values there), not a response.
     messages.push(serde_json::json!({"role": "user", "content": "?"}));
     let next = template.render(&ChatRequest { messages, ..chat.clone() }).ok()?;
     Some(common_bytes(&next, prompt_text))
