@@ -50,14 +50,12 @@ fn spans(
     let found = find_messages(prompt_text, structure.texts.iter().map(|t| [t]), next_control);
     let mut spans = Vec::new();
     let mut start = 0;
-    let mut leading_system = true;
     for (k, (message, found)) in chat.messages.iter().zip(found).enumerate() {
         let role = message["role"].as_str().unwrap_or_default();
-        leading_system &= matches!(role, "system" | "developer");
         let Some(text) = found else { continue };
         let end = next_control(text.end);
         let kind = match role {
-            _ if leading_system => "system",
+            _ if k < structure.leading_system => "system",
             "system" | "developer" => "system",
             "assistant" => "assistant",
             "tool" => "tool",

@@ -1,5 +1,5 @@
-//! Where a rendered chat prompt's pieces are: each message's text, the tool schemas, the leading
-//! system block and what follows the last message. Snapshot points (`snapshot_points.rs`), the
+//! Where a rendered chat prompt's pieces are: each message's text, the tool schemas and the
+//! leading system block (what follows the last message is the generation prompt). Snapshot points (`snapshot_points.rs`), the
 //! prompt's parts (`prompt_parts.rs`) and the cache report (`cache_report.rs`) all read one
 //! [`PromptStructure`], made once per request next to the prompt's own render: the tool schemas
 //! cost a render of their own (the request without them), which each of them used to repeat.
@@ -28,8 +28,6 @@ pub(crate) struct PromptStructure {
     pub(crate) messages: Vec<Option<Range<usize>>>,
     /// How many messages open the conversation as system (or developer) messages.
     pub(crate) leading_system: usize,
-    /// Where what follows the last message found begins.
-    pub(crate) after_messages: usize,
 }
 
 impl PromptStructure {
@@ -37,16 +35,9 @@ impl PromptStructure {
     pub(crate) fn new(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Self {
         let texts: Vec<String> = chat.messages.iter().map(message_text).collect();
         let messages = find_messages(prompt_text, texts.iter().map(|t| [t]), |end| end);
-        let after_messages = messages.iter().flatten().last().map_or(0, |r| r.end);
         let leading_system =
             chat.messages.iter().take_while(|m| matches!(m["role"].as_str(), Some("system" | "developer"))).count();
-        PromptStructure {
-            tools: tools_span(template, chat, prompt_text),
-            texts,
-            messages,
-            leading_system,
-            after_messages,
-        }
+        PromptStructure { tools: tools_span(template, chat, prompt_text), texts, messages, leading_system }
     }
 }
 
