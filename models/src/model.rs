@@ -123,11 +123,6 @@ impl Model {
         Self::gguf(path, options, &mut |_, _| {})
     }
 
-    /// Loads a Hugging Face model directory (`config.json` + safetensors).
-    pub fn from_safetensors_dir(dir: &Path, options: &LoadOptions) -> Result<Self> {
-        Self::safetensors_dir(dir, options, &mut |_, _| {})
-    }
-
     fn gguf(path: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
         let source = GgufSource::open(path, options.dequantize_weights)?;
         let config = ModelConfig::from_gguf(source.content())?;

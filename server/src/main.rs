@@ -33,7 +33,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(serve::normalize_args(std::env::args()));
+    let cli = Cli::parse_from(normalize_args(std::env::args()));
     if let Err(err) = radix_models::CpuIsa::from_env() {
         eprintln!("radix-serve: {err}");
         return std::process::ExitCode::FAILURE;
@@ -54,4 +54,15 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// llama-server spells some flags with several letters after one dash; clap takes one.
+fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| match a.as_str() {
+        "-np" => "--parallel".to_owned(),
+        "-cmoe" => "--cpu-moe".to_owned(),
+        "-ncmoe" => "--n-cpu-moe".to_owned(),
+        _ => a,
+    })
+    .collect()
 }

@@ -65,8 +65,7 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<MoeArgs, clap::Error> {
-        let args =
-            crate::serve::normalize_args(std::iter::once("radix-serve").chain(args.iter().copied()).map(String::from));
+        let args = crate::normalize_args(std::iter::once("radix-serve").chain(args.iter().copied()).map(String::from));
         Cli::try_parse_from(args).map(|c| c.moe)
     }
 

@@ -143,17 +143,6 @@ impl ServeArgs {
     }
 }
 
-/// llama-server spells some flags with several letters after one dash; clap takes one.
-pub fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    args.map(|a| match a.as_str() {
-        "-np" => "--parallel".to_owned(),
-        "-cmoe" => "--cpu-moe".to_owned(),
-        "-ncmoe" => "--n-cpu-moe".to_owned(),
-        _ => a,
-    })
-    .collect()
-}
-
 /// The default model (`radix_models::default_model`): from the cache, else fetched, with a
 /// progress bar on stderr.
 fn default_model(hub: &HubOptions) -> anyhow::Result<PathBuf> {

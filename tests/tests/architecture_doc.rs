@@ -1,6 +1,8 @@
 //! ARCHITECTURE.md stays true: every repository path it names exists, and its map of mechanisms
 //! names the file of each mechanism a newcomer looks for (issue 14's list). A rename that
-//! forgets the document fails here instead of misleading the next reader.
+//! forgets the document fails here instead of misleading the next reader. Short names count
+//! too (`engine/core.rs`, `api/snapshot_points.rs`, `run-ab.sh`): each must be a file or folder
+//! of the repository, of a crate's `src/`, of `scripts/` or of `benches/`.
 
 use std::path::Path;
 
@@ -44,6 +46,58 @@ fn named_paths(text: &str) -> Vec<String> {
         .filter(|span| !span.contains(['*', '<', '{']))
         .map(str::to_owned)
         .collect()
+}
+
+/// Every `code span` that reads as a file (ending `.rs`, `.sh`, `.py`, `.toml`, `.md`) or a
+/// folder (ending `/`), whatever it starts with. Routes (`/v1/cache/`), globs and placeholders
+/// are left out; a `path:symbol` suffix is cut.
+fn path_like_spans(text: &str) -> Vec<String> {
+    const ENDINGS: [&str; 6] = [".rs", ".sh", ".py", ".toml", ".md", "/"];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|span| span.split([':', ' ']).next().unwrap_or_default())
+        .filter(|span| ENDINGS.iter().any(|end| span.ends_with(end)))
+        .filter(|span| !span.starts_with('/') && !span.contains(['*', '<', '{']))
+        .filter(|span| span.chars().any(char::is_alphabetic))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The places a short name may be relative to: the repository, each crate's `src/`,
+/// `scripts/` and `benches/`.
+fn bases(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut bases = vec![root.to_path_buf(), root.join("scripts"), root.join("benches")];
+    let crates = std::fs::read_dir(root).unwrap_or_else(|e| panic!("{} is listable: {e}", root.display()));
+    for entry in crates.flatten() {
+        if entry.path().join("Cargo.toml").is_file() && entry.path().join("src").is_dir() {
+            bases.push(entry.path().join("src"));
+        }
+    }
+    bases
+}
+
+#[test]
+fn every_path_like_span_exists() {
+    let root = workspace_root();
+    let bases = bases(&root);
+    let spans = path_like_spans(&document());
+    assert!(spans.len() >= 100, "the document names files ({} found)", spans.len());
+    let missing: Vec<&String> = spans.iter().filter(|s| !bases.iter().any(|b| b.join(s.as_str()).exists())).collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names files that are not in the repository, a crate's src/, scripts/ or benches/: {missing:?}"
+    );
+}
+
+#[test]
+fn path_like_spans_are_every_file_or_folder_span() {
+    let text = "`engine/core.rs`, `run-ab.sh`, `models/src/model.rs:forward`, `server/src/api/ui/`, `Cargo.toml`, \
+                `/v1/cache/`, `benches/results/*.svg`, `x.json`, `--cache-dir DIR` and `a.md`";
+    assert_eq!(
+        path_like_spans(text),
+        ["engine/core.rs", "run-ab.sh", "models/src/model.rs", "server/src/api/ui/", "Cargo.toml", "a.md"]
+    );
 }
 
 #[test]

@@ -15,7 +15,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use radix_templates::parse::{ParseEvent, ParsedMessage};
-use serde_json::{Value as Json, json};
+use serde_json::{Map, Value as Json};
 
 use super::anthropic_convert::to_chat_body;
 use super::chat::{PreparedChat, prepare};
@@ -24,6 +24,8 @@ use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
 use super::reply::unique_suffix;
 use super::request::parse_body;
+use super::response::anthropic::{BlockDelta, ContentBlock, Message, MessageDelta, StreamEvent, TokenCount, Usage};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 use crate::engine::Timings;
 
@@ -58,7 +60,9 @@ fn read(state: &ApiState, body: &[u8], generation: bool, key: Option<&str>) -> R
 async fn count_tokens(State(state): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Response {
     let key = state.api_keys.presented(&headers);
     match off_workers(&state, move |state| read(state, &body, false, key.as_deref())).await {
-        Ok(prepared) => axum::Json(json!({"input_tokens": prepared.spec.request.prompt.len()})).into_response(),
+        Ok(prepared) => {
+            axum::Json(to_json(&TokenCount { input_tokens: prepared.spec.request.prompt.len() })).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -86,13 +90,13 @@ fn stop_reason(ending: &Ending, tool_calls: bool) -> (&'static str, Option<Strin
 }
 
 /// Uncached prompt tokens are `input_tokens`; cached ones `cache_read_input_tokens`.
-fn usage(generation: &Generation) -> Json {
-    json!({
-        "input_tokens": generation.prompt_tokens - generation.cached_tokens.min(generation.prompt_tokens),
-        "output_tokens": generation.tokens.len(),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": generation.cached_tokens,
-    })
+fn usage(generation: &Generation) -> Usage {
+    Usage {
+        input_tokens: generation.prompt_tokens - generation.cached_tokens.min(generation.prompt_tokens),
+        output_tokens: generation.tokens.len(),
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: generation.cached_tokens,
+    }
 }
 
 fn message_id() -> String {
@@ -101,7 +105,7 @@ fn message_id() -> String {
 
 /// A tool call's input object (`{}` when the model's argument text is not a JSON object).
 fn tool_input(arguments: &str) -> Json {
-    serde_json::from_str::<Json>(arguments).ok().filter(Json::is_object).unwrap_or_else(|| json!({}))
+    serde_json::from_str::<Json>(arguments).ok().filter(Json::is_object).unwrap_or_else(|| Json::Object(Map::new()))
 }
 
 /// The kind of the content block being streamed.
@@ -121,23 +125,24 @@ struct Blocks {
 }
 
 impl Blocks {
-    fn push(&mut self, event: &ParseEvent) -> Vec<(&'static str, Json)> {
+    fn push(&mut self, event: &ParseEvent) -> Vec<StreamEvent> {
         let (block, start, delta) = match event {
             ParseEvent::Reasoning(text) => (
                 Block::Thinking,
-                Some(json!({"type": "thinking", "thinking": "", "signature": ""})),
-                Some(json!({"type": "thinking_delta", "thinking": text})),
+                Some(ContentBlock::Thinking { thinking: String::new(), signature: "" }),
+                Some(BlockDelta::Thinking { thinking: text.clone() }),
             ),
             ParseEvent::Content(text) => (
                 Block::Text,
-                Some(json!({"type": "text", "text": ""})),
-                Some(json!({"type": "text_delta", "text": text})),
+                Some(ContentBlock::Text { text: String::new() }),
+                Some(BlockDelta::Text { text: text.clone() }),
             ),
             ParseEvent::ToolCallStart { index, id, name } => {
-                (Block::Tool(*index), Some(json!({"type": "tool_use", "id": id, "name": name, "input": {}})), None)
+                let input = Json::Object(Map::new());
+                (Block::Tool(*index), Some(ContentBlock::ToolUse { id: id.clone(), name: name.clone(), input }), None)
             }
             ParseEvent::ToolCallArguments { index, delta } => {
-                (Block::Tool(*index), None, Some(json!({"type": "input_json_delta", "partial_json": delta})))
+                (Block::Tool(*index), None, Some(BlockDelta::InputJson { partial_json: delta.clone() }))
             }
         };
         let mut out = Vec::new();
@@ -147,26 +152,25 @@ impl Blocks {
             let Some(start) = start else { return out };
             out.extend(self.close());
             self.open = Some(block);
-            out.push((
-                "content_block_start",
-                json!({"type": "content_block_start", "index": self.index, "content_block": start}),
-            ));
+            out.push(StreamEvent::ContentBlockStart { index: self.index, content_block: start });
         }
         if let Some(delta) = delta {
-            out.push((
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
-            ));
+            out.push(StreamEvent::ContentBlockDelta { index: self.index, delta });
         }
         out
     }
 
-    fn close(&mut self) -> Option<(&'static str, Json)> {
+    fn close(&mut self) -> Option<StreamEvent> {
         self.open.take()?;
-        let stop = ("content_block_stop", json!({"type": "content_block_stop", "index": self.index}));
+        let stop = StreamEvent::ContentBlockStop { index: self.index };
         self.index += 1;
         Some(stop)
     }
+}
+
+/// A stream event as the driver sends it.
+fn named(event: StreamEvent) -> WireEvent {
+    WireEvent::Named(event.name(), to_json(&event))
 }
 
 /// Anthropic's wire format: content blocks (thinking, text, tool_use) and named events.
@@ -183,29 +187,30 @@ impl WireFormat for AnthropicWire {
         // message_start waits for the first piece, so its usage knows the cached prefix.
         if !self.started {
             self.started = true;
-            let mut usage = usage(at.generation);
-            usage["output_tokens"] = json!(0);
-            let start = json!({"type": "message_start", "message": {
-                "id": message_id(), "type": "message", "role": "assistant", "model": self.model,
-                "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage}});
-            out.push(WireEvent::Named("message_start", start));
-            out.push(WireEvent::Named("ping", json!({"type": "ping"})));
+            let message = Message {
+                id: message_id(),
+                kind: "message",
+                role: "assistant",
+                model: self.model.clone(),
+                content: Vec::new(),
+                stop_reason: None,
+                stop_sequence: None,
+                usage: Usage { output_tokens: 0, ..usage(at.generation) },
+            };
+            out.push(named(StreamEvent::MessageStart { message }));
+            out.push(named(StreamEvent::Ping));
         }
-        out.extend(
-            piece.events.iter().flat_map(|e| self.blocks.push(e)).map(|(name, data)| WireEvent::Named(name, data)),
-        );
+        out.extend(piece.events.iter().flat_map(|e| self.blocks.push(e)).map(named));
         Ok(out)
     }
 
     fn finish(&mut self, (ending, _): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let generation = at.generation;
-        let mut out: Vec<WireEvent> =
-            self.blocks.close().into_iter().map(|(name, data)| WireEvent::Named(name, data)).collect();
+        let mut out: Vec<WireEvent> = self.blocks.close().into_iter().map(named).collect();
         let (stop_reason, stop_sequence) = stop_reason(ending, generation.pipeline.tool_calls);
-        let delta = json!({"type": "message_delta", "usage": usage(generation),
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}});
-        out.push(WireEvent::Named("message_delta", delta));
-        out.push(WireEvent::Named("message_stop", json!({"type": "message_stop"})));
+        let delta = MessageDelta { stop_reason, stop_sequence };
+        out.push(named(StreamEvent::MessageDelta { usage: usage(generation), delta }));
+        out.push(named(StreamEvent::MessageStop));
         Ok(out)
     }
 
@@ -218,32 +223,33 @@ impl WireFormat for AnthropicWire {
         let message = ParsedMessage::from_events(events);
         let mut content = Vec::new();
         if let Some(thinking) = message.reasoning_content {
-            content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+            content.push(ContentBlock::Thinking { thinking, signature: "" });
         }
         if !message.content.is_empty() {
-            content.push(json!({"type": "text", "text": message.content}));
+            content.push(ContentBlock::Text { text: message.content });
         }
-        for call in &message.tool_calls {
-            content.push(
-                json!({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(&call.arguments)}),
-            );
+        for call in message.tool_calls {
+            let input = tool_input(&call.arguments);
+            content.push(ContentBlock::ToolUse { id: call.id, name: call.name, input });
         }
-        Ok(axum::Json(json!({
-            "id": message_id(),
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": usage(generation),
-        }))
-        .into_response())
+        let body = Message {
+            id: message_id(),
+            kind: "message",
+            role: "assistant",
+            model: self.model,
+            content,
+            stop_reason: Some(stop_reason),
+            stop_sequence,
+            usage: usage(generation),
+        };
+        Ok(axum::Json(to_json(&body)).into_response())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -259,9 +265,10 @@ mod tests {
             ParseEvent::ToolCallArguments { index: 7, delta: "lost".into() },
         ];
         let mut blocks = Blocks::default();
-        let mut out: Vec<_> = events.iter().flat_map(|e| blocks.push(e)).collect();
+        let mut out: Vec<StreamEvent> = events.iter().flat_map(|e| blocks.push(e)).collect();
         out.extend(blocks.close());
         assert!(blocks.close().is_none(), "closing twice emits nothing");
+        let out: Vec<(&str, Json)> = out.iter().map(|e| (e.name(), to_json(e))).collect();
         let summary: Vec<String> = out
             .iter()
             .map(|(name, data)| {

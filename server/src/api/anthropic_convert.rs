@@ -1,7 +1,9 @@
 //! Anthropic Messages request → the chat body the rest of the server prepares (chat.rs
 //! `prepare`), so the same conversation through either API renders the same prompt and hits the
 //! same cached prefix: `tool_use` blocks become assistant `tool_calls`, `tool_result` blocks
-//! become `tool` messages, `system` becomes the leading system message.
+//! become `tool` messages, `system` becomes the leading system message. The body is built with
+//! `json!`, not typed: it is no response but the chat body the template reads, whose messages
+//! carry the client's content and tool arguments as they came.
 
 use std::io;
 

@@ -10,9 +10,12 @@ use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::ChatRequest;
-use radix_templates::prepare::PreparedTemplate;
-use serde_json::{Value as Json, json};
+use radix_templates::prepare::RenderedPrompt;
+use serde_json::Value as Json;
 
+use super::prompt_structure::{PromptStructure, floor_char_boundary};
+use super::response::radix::{self as response, Divergence, PreviousVersion, PromptParts};
+use super::response::to_json;
 use crate::engine::{CacheReport, MissReason};
 
 /// Tokens of context shown on each side of a divergence.
@@ -20,7 +23,8 @@ const CONTEXT_TOKENS: usize = 8;
 
 /// What the chat path knows about a prompt, to explain a miss in terms of messages.
 pub(crate) struct CacheContext {
-    template: PreparedTemplate,
+    /// Where the prompt's messages and tools are.
+    structure: PromptStructure,
     tokenizer: Arc<Tokenizer>,
     /// The request's messages and tools.
     pub(crate) chat: ChatRequest,
@@ -43,17 +47,18 @@ pub(crate) struct CacheContext {
 }
 
 impl CacheContext {
-    /// The context of a chat prompt rendered from `chat` to `prompt_text`, tokenized to `prompt`.
+    /// The context of a chat prompt rendered from `chat` to `rendered`, whose pieces are
+    /// `structure`, tokenized to `prompt`.
     pub(crate) fn new(
-        template: &PreparedTemplate,
+        structure: PromptStructure,
         tokenizer: &Arc<Tokenizer>,
         chat: ChatRequest,
-        rendered: radix_templates::prepare::RenderedPrompt,
+        rendered: RenderedPrompt,
         prompt: Vec<u32>,
         wanted: bool,
     ) -> Self {
         CacheContext {
-            template: template.clone(),
+            structure,
             tokenizer: Arc::clone(tokenizer),
             chat,
             prompt_text: rendered.text,
@@ -68,14 +73,14 @@ impl CacheContext {
 
     /// The prompt's tokens per part, of which the first `cached` came from the cache
     /// (`prompt_parts`); `None` where the token offsets cannot be had.
-    pub(crate) fn prompt_parts(&self, cached: usize) -> Option<Json> {
+    pub(crate) fn prompt_parts(&self, cached: usize) -> Option<PromptParts> {
         let offsets = self
             .offsets
             .clone()
             .or_else(|| self.tokenizer.prompt_offsets(&self.prompt_text, &self.content_controls).ok())
             .filter(|o| o.len() == self.prompt.len())?;
         Some(super::prompt_parts::prompt_parts(
-            &self.template,
+            &self.structure,
             &self.chat,
             &self.prompt_text,
             &offsets,
@@ -109,11 +114,9 @@ impl Explained {
     }
 }
 
-/// Adds the report to a response body as `cache_report`, when the client asked for it.
-pub(crate) fn attach(body: &mut Json, explained: Option<&Explained>) {
-    if let Some(e) = explained.filter(|e| e.wanted) {
-        body["cache_report"] = e.json.clone();
-    }
+/// The report as a response's `cache_report`, when the client asked for it.
+pub(crate) fn for_response(explained: Option<&Explained>) -> Option<Json> {
+    explained.filter(|e| e.wanted).map(|e| e.json.clone())
 }
 
 /// Sets the `x-radix-cache` response header.
@@ -135,7 +138,7 @@ struct Place {
 /// report stays at token level.
 pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) -> Explained {
     let mut reason = report.reason;
-    let mut divergence = Json::Null;
+    let mut divergence = None;
     let mut log_place = String::new();
     if let (Some(at), Some(ctx)) = (report.divergence, context) {
         let window = |tokens: &[u32], from: usize, to: usize| -> String {
@@ -144,51 +147,53 @@ pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) 
         };
         let offset = ctx.tokenizer.decode(&ctx.prompt[..at.min(ctx.prompt.len())], false).map_or(0, |t| t.len());
         let offset = floor_char_boundary(&ctx.prompt_text, offset);
-        let place = locate(&ctx.template, &ctx.chat, &ctx.prompt_text, offset);
+        let place = locate(&ctx.structure, offset);
         reason = refine(ctx, &report, at, &place, reason);
         let role = place.message.and_then(|k| ctx.chat.messages.get(k)).and_then(|m| m["role"].as_str());
-        let previous_after = report.previous.as_ref().map(|p| window(&p.tokens, at, at + CONTEXT_TOKENS));
-        divergence = json!({
-            "token": at,
-            "part": place.part,
-            "message_index": place.message,
-            "role": role,
-            "before": window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at),
-            "after": window(&ctx.prompt, at, at + CONTEXT_TOKENS),
-            "previous_after": previous_after,
-        });
+        let before = window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at);
+        let after = window(&ctx.prompt, at, at + CONTEXT_TOKENS);
         log_place = match place.message {
             Some(k) => format!(" in {} (message {k}, {})", place.part, role.unwrap_or("?")),
             None => format!(" in {}", place.part),
         };
         if ctx.log_prompts {
-            let side = |key: &str| divergence[key].as_str().unwrap_or_default().to_owned();
-            log_place.push_str(&format!(" between {:?} and {:?}", side("before"), side("after")));
+            log_place.push_str(&format!(" between {before:?} and {after:?}"));
         }
+        divergence = Some(Divergence::Placed {
+            token: at,
+            part: place.part,
+            message_index: place.message,
+            role: role.map(str::to_owned),
+            before,
+            after,
+            previous_after: report.previous.as_ref().map(|p| window(&p.tokens, at, at + CONTEXT_TOKENS)),
+        });
     } else if let Some(at) = report.divergence {
-        divergence = json!({"token": at});
+        divergence = Some(Divergence::At { token: at });
     }
-    let previous = report.previous.as_ref().map(|p| {
-        json!({"common_prefix_tokens": p.common_prefix, "prompt_tokens": p.prompt_len, "total_tokens": p.tokens.len()})
+    let previous = report.previous.as_ref().map(|p| PreviousVersion {
+        common_prefix_tokens: p.common_prefix,
+        prompt_tokens: p.prompt_len,
+        total_tokens: p.tokens.len(),
     });
-    let mut json = json!({
-        "prompt_tokens": report.prompt_tokens,
-        "cached_tokens": report.cached_tokens,
-        "reason": reason.map(MissReason::as_str),
-        "divergence": divergence,
-        "previous": previous,
-    });
-    if report.restored_from_disk > 0 {
-        json["restored_from_disk"] = json!(report.restored_from_disk);
-        log_place.push_str(&format!(" ({} cached tokens restored from disk)", report.restored_from_disk));
+    let restored_from_disk = Some(report.restored_from_disk).filter(|&n| n > 0);
+    if let Some(restored) = restored_from_disk {
+        log_place.push_str(&format!(" ({restored} cached tokens restored from disk)"));
     }
     if let Some(recomputed) = report.recomputed_for_snapshot {
-        json["recomputed_for_snapshot"] = json!(recomputed);
         log_place.push_str(&format!(" ({recomputed} cached tokens recomputed from the nearest snapshot)"));
     }
-    if let Some(parts) = context.filter(|c| c.wanted).and_then(|c| c.prompt_parts(report.cached_tokens)) {
-        json["prompt_parts"] = parts;
-    }
+    let body = response::CacheReport {
+        prompt_tokens: report.prompt_tokens,
+        cached_tokens: report.cached_tokens,
+        reason: reason.map(MissReason::as_str),
+        divergence,
+        previous,
+        restored_from_disk,
+        recomputed_for_snapshot: report.recomputed_for_snapshot,
+        prompt_parts: context.filter(|c| c.wanted).and_then(|c| c.prompt_parts(report.cached_tokens)),
+    };
+    let json = to_json(&body);
     match (reason, report.divergence) {
         (Some(reason), Some(at)) => eprintln!(
             "radix-serve: cache prompt={} cached={}: reuse stopped at token {at}{log_place}: {}",
@@ -205,34 +210,19 @@ pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) 
     Explained { report, reason, json, wanted }
 }
 
-/// The part of the conversation the byte `offset` of the prompt text falls in. Messages are
-/// found by their text, in order, in the prompt (a template renders each message's content
-/// verbatim, wherever it puts headers, merged system blocks or dropped reasoning); message `k`
-/// owns the prompt from the end of message `k - 1`'s text (so its header is its own) to the
-/// end of its text. Tools are found by rendering once without them.
-fn locate(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str, offset: usize) -> Place {
-    if let Some(tools) = super::prompt_parts::tools_span(template, chat, prompt_text)
-        && tools.contains(&offset)
-    {
+/// The part of the conversation the byte `offset` of the prompt text falls in: message `k` owns
+/// the prompt from the end of the last message's text found before it (so its header is its
+/// own) to the end of its text; one not rendered verbatim owns nothing.
+fn locate(structure: &PromptStructure, offset: usize) -> Place {
+    if let Some(tools) = structure.tools.clone().filter(|t| t.contains(&offset)) {
         return Place { part: "tools", message: None, message_start: tools.start };
     }
-    let messages = &chat.messages;
     let mut start = 0;
-    for (k, message) in messages.iter().enumerate() {
-        let text = message_text(message);
-        let end = match prompt_text.get(start..).and_then(|rest| rest.find(&text)) {
-            Some(found) if !text.is_empty() => start + found + text.len(),
-            // Not rendered verbatim: it owns nothing, the next message starts here too.
-            _ => start,
-        };
+    for (k, found) in structure.messages.iter().enumerate() {
+        let end = found.as_ref().map_or(start, |r| r.end);
         if offset < end {
-            let leading_system =
-                messages[..=k].iter().all(|m| matches!(m["role"].as_str(), Some("system" | "developer")));
-            return Place {
-                part: if leading_system { "system" } else { "message" },
-                message: Some(k),
-                message_start: start,
-            };
+            let part = if k < structure.leading_system { "system" } else { "message" };
+            return Place { part, message: Some(k), message_start: start };
         }
         start = end;
     }
@@ -249,7 +239,7 @@ fn refine(
     reason: Option<MissReason>,
 ) -> Option<MissReason> {
     let (Some(previous), Some(k)) = (report.previous.as_ref(), place.message) else { return reason };
-    let text = message_text(&ctx.chat.messages[k]);
+    let text = &ctx.structure.texts[k];
     if text.is_empty() {
         return reason;
     }
@@ -258,54 +248,23 @@ fn refine(
         Some(MissReason::ChangedContent) => {
             let before = decode(&previous.tokens[..previous.prompt_len.min(previous.tokens.len())]);
             let from = floor_char_boundary(&before, place.message_start);
-            before[from..].contains(&text).then_some(MissReason::RerenderedHistory).or(reason)
+            before[from..].contains(text.as_str()).then_some(MissReason::RerenderedHistory).or(reason)
         }
         // Inside what the previous request generated: the reply, re-sent as history, was
         // rendered to other tokens than the model produced.
         Some(MissReason::NewContent) if at < previous.tokens.len() && at >= previous.prompt_len => {
             let generated = decode(&previous.tokens[previous.prompt_len..]);
-            generated.contains(&text).then_some(MissReason::RerenderedHistory).or(reason)
+            generated.contains(text.as_str()).then_some(MissReason::RerenderedHistory).or(reason)
         }
         _ => reason,
     }
 }
 
-/// The text a message carries: its content (text parts joined), else its tool-call arguments.
-pub(super) fn message_text(message: &Json) -> String {
-    match &message["content"] {
-        Json::String(s) if !s.trim().is_empty() => return s.trim().to_owned(),
-        Json::Array(parts) => {
-            let text: Vec<&str> = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-            if !text.is_empty() {
-                return text.join("\n").trim().to_owned();
-            }
-        }
-        _ => {}
-    }
-    message["tool_calls"]
-        .as_array()
-        .and_then(|calls| calls.first())
-        .and_then(|c| c["function"]["arguments"].as_str())
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// Bytes two strings share at their start, cut to a character boundary.
-pub(super) fn common_bytes(a: &str, b: &str) -> usize {
-    let n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
-    floor_char_boundary(a, n)
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
 #[cfg(test)]
 mod tests {
+    use radix_templates::prepare::PreparedTemplate;
+    use serde_json::json;
+
     use super::*;
 
     /// ChatML with tools in the system turn and reasoning shown on the latest assistant turn only.
@@ -324,7 +283,7 @@ mod tests {
         let chat = ChatRequest::from_json(&body).unwrap();
         let text = template.render(&chat).unwrap();
         let offset = text.find(needle).unwrap_or_else(|| panic!("{needle:?} not in {text:?}"));
-        let place = locate(&template, &chat, &text, offset);
+        let place = locate(&PromptStructure::new(&template, &chat, &text), offset);
         (place.part, place.message)
     }
 
@@ -359,21 +318,6 @@ mod tests {
         let chat = ChatRequest::from_json(&end).unwrap();
         let text = template.render(&chat).unwrap();
         let tail = text.rfind("<|im_start|>assistant").unwrap();
-        assert_eq!(locate(&template, &chat, &text, tail).part, "generation_prompt");
-    }
-
-    #[test]
-    fn message_text_takes_content_parts_or_arguments() {
-        assert_eq!(message_text(&json!({"role": "user", "content": " hi "})), "hi");
-        assert_eq!(message_text(&json!({"content": [{"type": "text", "text": "a"}, {"text": "b"}]})), "a\nb");
-        let call = json!({"content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{\"x\":1}"}}]});
-        assert_eq!(message_text(&call), "{\"x\":1}");
-    }
-
-    #[test]
-    fn common_bytes_stops_on_a_character_boundary() {
-        assert_eq!(common_bytes("abé", "abè"), 2);
-        assert_eq!(common_bytes("abc", "abd"), 2);
-        assert_eq!(common_bytes("ab", "abc"), 2);
+        assert_eq!(locate(&PromptStructure::new(&template, &chat, &text), tail).part, "generation_prompt");
     }
 }

@@ -7,17 +7,21 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use radix_templates::parse::{DeclaredTool, ParseEvent, ParsedMessage};
-use serde_json::{Value as Json, json};
+use radix_templates::parse::{DeclaredTool, ParsedMessage};
+use serde_json::json;
 
 use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::{TokenText, chat_logprobs};
 use super::output::{Ending, Piece};
 use super::preparation::off_workers;
-use super::reply::{created, timings_json, unique_suffix, usage};
+use super::prompt_structure::PromptStructure;
+use super::reply::{created, unique_suffix, usage};
 use super::request::{
     ChatBody, ChatCompletionRequest, ToolChoice, ToolDefinition, check_context, parse_body, top_logprobs,
 };
+use super::response;
+use super::response::openai::{ChatChoice, ChatMessage, ChunkChoice, Completion, Delta, FunctionCall, ToolCall};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, Tenant, Timings};
 
@@ -95,9 +99,11 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
     let reasoning_close = format.starts_in_reasoning(&rendered.text).then(|| format.reasoning_close());
     let constraint = super::constrain::chat_constraint(&fields, format.output, reasoning_close, &state.tokenizer)?;
     let tenant = Tenant::new(key, output.cache_salt.as_deref().or(fields.user.as_deref()));
+    let structure = PromptStructure::new(&state.template, &chat, &rendered.text);
     let snapshot_points = offsets.as_deref().map_or_else(Default::default, |offsets| {
         super::snapshot_points::snapshot_points(
             &state.template,
+            &structure,
             &chat,
             &rendered,
             offsets,
@@ -105,7 +111,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         )
     });
     let mut cache = super::cache_report::CacheContext::new(
-        &state.template,
+        structure,
         &state.tokenizer,
         chat,
         rendered,
@@ -144,6 +150,7 @@ fn declared_tools(fields: &ChatCompletionRequest) -> Vec<DeclaredTool> {
     definitions
         .map(|ToolDefinition::Function { function }| DeclaredTool {
             name: function.name.clone(),
+            // The client's own JSON Schema, free-form: an empty one where it gave none.
             parameters: function.parameters.clone().unwrap_or_else(|| json!({})),
         })
         .collect()
@@ -155,19 +162,6 @@ fn logprobs_setting(fields: &ChatCompletionRequest) -> Result<Option<usize>, Api
         (true, top) => Ok(Some(top.unwrap_or(0))),
         (false, None | Some(0)) => Ok(None),
         (false, Some(_)) => Err(ApiError::bad_request("'top_logprobs' needs 'logprobs': true")),
-    }
-}
-
-/// The delta object of one parse event.
-fn delta(event: &ParseEvent) -> Json {
-    match event {
-        ParseEvent::Content(text) => json!({"content": text}),
-        ParseEvent::Reasoning(text) => json!({"reasoning_content": text}),
-        ParseEvent::ToolCallStart { index, id, name } => json!({"tool_calls": [{
-            "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
-        ParseEvent::ToolCallArguments { index, delta } => {
-            json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
-        }
     }
 }
 
@@ -193,51 +187,59 @@ impl ChatWire {
         }
     }
 
-    fn chunk(&self, delta: Json, finish: Option<&str>) -> Json {
-        json!({
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
-        })
+    fn chunk(&self, choices: Vec<ChunkChoice>) -> Completion<ChunkChoice> {
+        Completion::new(&self.id, "chat.completion.chunk", self.created, &self.model, choices)
     }
 
-    /// Log-probabilities go with the next chunk sent after their token.
-    fn with_logprobs(&mut self, mut chunk: Json, at: &mut Progress) -> Result<Json, ApiError> {
+    /// A chunk of one choice; log-probabilities go with the next chunk sent after their token.
+    fn choice_chunk(
+        &mut self,
+        delta: Delta,
+        finish_reason: Option<&'static str>,
+        at: &mut Progress,
+    ) -> Result<Completion<ChunkChoice>, ApiError> {
+        let mut logprobs = None;
         if self.wants_logprobs {
             let unsent = at.unsent_logprobs();
             if !unsent.is_empty() {
-                chunk["choices"][0]["logprobs"] = chat_logprobs(&mut self.token_text, unsent)?;
+                logprobs = Some(chat_logprobs(&mut self.token_text, unsent)?);
             }
         }
-        Ok(chunk)
+        Ok(self.chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason }]))
     }
 }
 
 impl WireFormat for ChatWire {
     fn start_events(&mut self) -> Vec<WireEvent> {
-        vec![WireEvent::Data(self.chunk(json!({"role": "assistant", "content": ""}), None))]
+        let start = ChunkChoice {
+            index: 0,
+            delta: Delta::Start { role: "assistant", content: "" },
+            logprobs: None,
+            finish_reason: None,
+        };
+        vec![WireEvent::Data(to_json(&self.chunk(vec![start])))]
     }
 
     fn on_piece(&mut self, piece: &Piece, at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let mut out = Vec::with_capacity(piece.events.len());
         for event in &piece.events {
-            let chunk = self.chunk(delta(event), None);
-            out.push(WireEvent::Data(self.with_logprobs(chunk, at)?));
+            let chunk = self.choice_chunk(Delta::of(event), None, at)?;
+            out.push(WireEvent::Data(to_json(&chunk)));
         }
         Ok(out)
     }
 
     fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
         let generation = at.generation;
-        let last = self.chunk(json!({}), Some(ending.finish_reason(generation.pipeline.tool_calls)));
-        let mut last = self.with_logprobs(last, at)?;
-        last["timings"] = timings_json(timings);
-        super::cache_report::attach(&mut last, generation.cache.as_ref());
-        let mut out = vec![WireEvent::Data(last)];
+        let finish = ending.finish_reason(generation.pipeline.tool_calls);
+        let mut last = self.choice_chunk(Delta::Empty {}, Some(finish), at)?;
+        last.timings = Some(response::Timings::new(timings));
+        last.cache_report = super::cache_report::for_response(generation.cache.as_ref());
+        let mut out = vec![WireEvent::Data(to_json(&last))];
         if self.include_usage {
-            out.push(WireEvent::Data(json!({
-                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(generation, generation.tokens.len())
-            })));
+            let mut usage_chunk = self.chunk(Vec::new());
+            usage_chunk.usage = Some(usage(generation, generation.tokens.len()));
+            out.push(WireEvent::Data(to_json(&usage_chunk)));
         }
         out.push(WireEvent::Done);
         Ok(out)
@@ -245,38 +247,35 @@ impl WireFormat for ChatWire {
 
     fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let message = ParsedMessage::from_events(events);
-        let mut reply = json!({"role": "assistant", "content": message.content});
-        if let Some(reasoning) = &message.reasoning_content {
-            reply["reasoning_content"] = json!(reasoning);
-        }
-        if !message.tool_calls.is_empty() {
-            if message.content.is_empty() {
-                reply["content"] = Json::Null;
-            }
-            reply["tool_calls"] = message
-                .tool_calls
-                .iter()
-                .map(
-                    |c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
-                )
-                .collect();
-        }
-        let finish = ending.finish_reason(generation.pipeline.tool_calls);
+        let tool_calls: Vec<ToolCall> = message
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                kind: "function",
+                function: FunctionCall { name: c.name.clone(), arguments: c.arguments.clone() },
+            })
+            .collect();
+        // A reply of tool calls alone has no text: `null`, not `""`.
+        let content = Some(message.content).filter(|c| !c.is_empty() || tool_calls.is_empty());
+        let reply =
+            ChatMessage { role: "assistant", content, reasoning_content: message.reasoning_content, tool_calls };
+        let finish_reason = ending.finish_reason(generation.pipeline.tool_calls);
         let logprobs = match self.wants_logprobs {
-            true => chat_logprobs(&mut self.token_text, &generation.logprobs)?,
-            false => Json::Null,
+            true => Some(chat_logprobs(&mut self.token_text, &generation.logprobs)?),
+            false => None,
         };
-        let mut body = json!({
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "message": reply, "logprobs": logprobs, "finish_reason": finish}],
-            "usage": usage(generation, generation.tokens.len()),
-            "timings": timings_json(&timings),
-        });
-        super::cache_report::attach(&mut body, generation.cache.as_ref());
-        let mut response = axum::Json(body).into_response();
+        let body = Completion {
+            id: self.id,
+            object: "chat.completion",
+            created: self.created,
+            model: self.model,
+            choices: vec![ChatChoice { index: 0, message: reply, logprobs, finish_reason }],
+            usage: Some(usage(generation, generation.tokens.len())),
+            timings: Some(response::Timings::new(&timings)),
+            cache_report: super::cache_report::for_response(generation.cache.as_ref()),
+        };
+        let mut response = axum::Json(to_json(&body)).into_response();
         super::cache_report::set_header(&mut response, generation.cache.as_ref());
         Ok(response)
     }

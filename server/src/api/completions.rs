@@ -9,14 +9,17 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 use super::driver::{Done, GenerationSpec, Progress, WireEvent, WireFormat, respond};
 use super::logprobs::TokenText;
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
-use super::reply::{created, plain_parser, text_of, timings_json, unique_suffix, usage};
+use super::reply::{created, plain_parser, text_of, unique_suffix, usage};
 use super::request::{CompletionRequest, GenerationBody, GenerationFields, check_context, prompt_tokens, top_logprobs};
+use super::response;
+use super::response::openai::{Completion, CompletionLogprobs, TextChoice, Usage};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 use crate::engine::{GenerateRequest, SamplingParams, Tenant, Timings};
 
@@ -129,19 +132,18 @@ struct CompletionsWire {
 }
 
 impl CompletionsWire {
-    fn chunk(&self, choices: Json) -> Json {
-        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-               "choices": choices})
+    fn chunk(&self, choices: Vec<TextChoice>) -> Completion<TextChoice> {
+        Completion::new(&self.id, "text_completion", self.created, &self.model, choices)
     }
 
     /// Generated tokens as the usage counts them: none when nothing is shown.
-    fn usage(&self, generation: &Generation) -> Json {
+    fn usage(&self, generation: &Generation) -> Usage {
         usage(generation, if self.silent { 0 } else { generation.tokens.len() })
     }
 }
 
-fn choice(text: &str, finish: Option<&str>, logprobs: Json) -> Json {
-    json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}])
+fn choice(text: String, finish_reason: Option<&'static str>, logprobs: Option<CompletionLogprobs>) -> Vec<TextChoice> {
+    vec![TextChoice { index: 0, text, logprobs, finish_reason }]
 }
 
 impl WireFormat for CompletionsWire {
@@ -152,22 +154,19 @@ impl WireFormat for CompletionsWire {
         }
         // The tokens since the last chunk, which this text completes.
         let unsent = at.unsent_logprobs();
-        let logprobs = match self.wants_logprobs {
-            true => self.token_text.completion_logprobs(unsent, self.offset),
-            false => Json::Null,
-        };
+        let logprobs = self.wants_logprobs.then(|| self.token_text.completion_logprobs(unsent, self.offset));
         self.offset += text.len();
-        Ok(vec![WireEvent::Data(self.chunk(choice(&text, None, logprobs)))])
+        Ok(vec![WireEvent::Data(to_json(&self.chunk(choice(text, None, logprobs))))])
     }
 
     fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
-        let mut last = self.chunk(choice("", Some(ending.finish_reason(false)), Json::Null));
-        last["timings"] = timings_json(timings);
-        let mut out = vec![WireEvent::Data(last)];
+        let mut last = self.chunk(choice(String::new(), Some(ending.finish_reason(false)), None));
+        last.timings = Some(response::Timings::new(timings));
+        let mut out = vec![WireEvent::Data(to_json(&last))];
         if self.include_usage {
-            let mut usage_chunk = self.chunk(json!([]));
-            usage_chunk["usage"] = self.usage(at.generation);
-            out.push(WireEvent::Data(usage_chunk));
+            let mut usage_chunk = self.chunk(Vec::new());
+            usage_chunk.usage = Some(self.usage(at.generation));
+            out.push(WireEvent::Data(to_json(&usage_chunk)));
         }
         out.push(WireEvent::Done);
         Ok(out)
@@ -175,19 +174,11 @@ impl WireFormat for CompletionsWire {
 
     fn complete(self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let text = if self.silent { String::new() } else { text_of(&events) };
-        let logprobs = match self.wants_logprobs && !self.silent {
-            true => self.token_text.completion_logprobs(&generation.logprobs, 0),
-            false => Json::Null,
-        };
-        Ok(axum::Json(json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choice(&text, Some(ending.finish_reason(false)), logprobs),
-            "usage": self.usage(generation),
-            "timings": timings_json(&timings),
-        }))
-        .into_response())
+        let logprobs =
+            (self.wants_logprobs && !self.silent).then(|| self.token_text.completion_logprobs(&generation.logprobs, 0));
+        let mut body = self.chunk(choice(text, Some(ending.finish_reason(false)), logprobs));
+        body.usage = Some(self.usage(generation));
+        body.timings = Some(response::Timings::new(&timings));
+        Ok(axum::Json(to_json(&body)).into_response())
     }
 }

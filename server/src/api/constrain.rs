@@ -11,6 +11,9 @@
 //! tools constrains a reply only once it opens a call (a lazy grammar: framed, bare or fenced
 //! JSON, the call must then be valid; Qwen3.5's XML calls stay free); `"none"` constrains
 //! nothing. Where the prompt left reasoning open, a forced reply closes it first.
+//!
+//! Schemas are written with `json!`: they are JSON Schema, the client's own (tool parameters,
+//! `response_format`) or built around it, free-form by nature.
 
 use std::sync::Arc;
 

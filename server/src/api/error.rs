@@ -6,7 +6,9 @@ use std::fmt;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
+
+use super::response::{anthropic, openai, to_json};
 
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,12 +139,12 @@ impl ApiError {
 
     /// The OpenAI-shaped body (also what a failed stream sends as its last `data:` event).
     pub fn body(&self) -> Json {
-        json!({"error": {"message": self.message(), "type": self.openai_type(), "code": self.code()}})
+        to_json(&openai::ErrorBody::new(self.message(), self.openai_type(), self.code()))
     }
 
     /// The Anthropic-shaped body.
     pub fn anthropic_body(&self) -> Json {
-        json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message()}})
+        to_json(&anthropic::ErrorBody::new(self.anthropic_type(), self.message()))
     }
 
     /// The response in Anthropic's shape.

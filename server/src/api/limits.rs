@@ -11,14 +11,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, ApiState};
-
-/// Largest request body accepted (agent prompts with long files stay far below it).
-pub const MAX_BODY_BYTES: usize = 32 << 20;
-
-/// Deepest JSON nesting accepted; no API shape needs more than a handful of levels, and a
-/// recursive parser must not be handed unbounded depth.
-pub const MAX_JSON_DEPTH: usize = 128;
+use super::{ApiError, ApiState, MAX_BODY_BYTES, MAX_JSON_DEPTH};
 
 /// 401 unless the request carries an accepted API key. Attached to every route group but the
 /// one with `/health`, which stays open for probes.

@@ -10,7 +10,6 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde_json::{Value as Json, json};
 
 use super::completions::text_spec;
 use super::driver::{Done, Progress, WireEvent, WireFormat, respond};
@@ -18,8 +17,10 @@ use super::llama_meta;
 use super::logprobs::{TokenText, llama_probabilities};
 use super::output::{Ending, Generation, Piece};
 use super::preparation::off_workers;
-use super::reply::{text_of, timings_json};
+use super::reply::text_of;
 use super::request::{GenerationBody, LlamaCompletionRequest, top_logprobs};
+use super::response::llama::{CompletionChunk, CompletionFinal, GenerationSettings};
+use super::response::{self, to_json};
 use super::{ApiError, ApiState};
 use crate::engine::{SamplingParams, Tenant, Timings};
 
@@ -38,52 +39,6 @@ pub(super) fn routes() -> Router<Arc<ApiState>> {
         .route("/slots", get(llama_meta::slots))
 }
 
-/// llama-server reports its "random" seed as this (`LLAMA_DEFAULT_SEED`).
-const RANDOM_SEED: u64 = u32::MAX as u64;
-
-/// The `generation_settings` object (and `/props`' and `/slots`' `params`): the settings a
-/// request ran with, under llama-server's names. Samplers we do not have are reported off.
-pub(super) fn generation_settings(
-    state: &ApiState,
-    sampling: &SamplingParams,
-    n_predict: i64,
-    stops: &[String],
-    stream: bool,
-) -> Json {
-    json!({
-        "n_ctx": state.context_length,
-        "model": state.model_name,
-        "n_predict": n_predict,
-        "max_tokens": n_predict,
-        "seed": sampling.seed.unwrap_or(RANDOM_SEED),
-        "temperature": sampling.temperature,
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "xtc_probability": 0.0,
-        "xtc_threshold": 0.1,
-        "typical_p": 1.0,
-        "repeat_last_n": -1,
-        "repeat_penalty": sampling.repetition_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "frequency_penalty": sampling.frequency_penalty,
-        "dry_multiplier": 0.0,
-        "mirostat": 0,
-        "stop": stops,
-        "n_keep": 0,
-        "n_discard": 0,
-        "ignore_eos": false,
-        "stream": stream,
-        "n_probs": 0,
-        "min_keep": 0,
-        "grammar": "",
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-        "timings_per_token": false,
-    })
-}
-
 /// `stop_type`: "eos", "limit" or "word".
 fn stop_type(ending: &Ending) -> &'static str {
     match ending {
@@ -96,7 +51,7 @@ fn stop_type(ending: &Ending) -> &'static str {
 /// llama-server's `/completion` wire format, with what the request decided for the response.
 struct LlamaWire {
     state: Arc<ApiState>,
-    generation_settings: Json,
+    generation_settings: GenerationSettings,
     prompt_text: String,
     return_tokens: bool,
     /// `n_predict: 0`: evaluate the prompt only.
@@ -116,7 +71,14 @@ async fn completion(State(state): State<Arc<ApiState>>, headers: HeaderMap, body
         let stream = output.stream();
         let wire = LlamaWire {
             state: Arc::clone(state),
-            generation_settings: generation_settings(state, &spec.request.sampling, n_predict, &output.stop.0, stream),
+            generation_settings: GenerationSettings::new(
+                state.context_length,
+                &state.model_name,
+                &spec.request.sampling,
+                n_predict,
+                &output.stop.0,
+                stream,
+            ),
             prompt_text: state.tokenizer.decode(&spec.request.prompt, false).unwrap_or_default(),
             return_tokens: fields.return_tokens.unwrap_or(false),
             silent: n_predict == 0,
@@ -133,40 +95,41 @@ async fn completion(State(state): State<Arc<ApiState>>, headers: HeaderMap, body
 
 impl LlamaWire {
     /// The final object of a completion (the whole response, or the last streamed chunk).
-    fn final_json(
+    fn final_object(
         &self,
         generation: &Generation,
-        content: &str,
-        tokens: &[u32],
+        content: String,
+        tokens: Vec<u32>,
         ending: &Ending,
         timings: &Timings,
-    ) -> Json {
+    ) -> CompletionFinal {
         let predicted = if self.silent { 0 } else { generation.tokens.len() };
         let stopping_word = match ending {
-            Ending::Word(w) => w.as_str(),
-            _ => "",
+            Ending::Word(w) => w.clone(),
+            _ => String::new(),
         };
         let truncated =
             matches!(ending, Ending::Length) && generation.prompt_tokens + predicted >= self.state.context_length;
-        json!({
-            "index": 0,
-            "content": content,
-            "tokens": tokens,
+        CompletionFinal {
+            index: 0,
+            has_new_line: content.contains('\n'),
+            content,
+            tokens,
             // We have no fixed slots: -1 is llama-server's "any slot".
-            "id_slot": -1,
-            "stop": true,
-            "model": self.state.model_name,
-            "tokens_predicted": predicted,
-            "tokens_evaluated": generation.prompt_tokens,
-            "generation_settings": self.generation_settings,
-            "prompt": self.prompt_text,
-            "has_new_line": content.contains('\n'),
-            "truncated": truncated,
-            "stop_type": if self.silent { "limit" } else { stop_type(ending) },
-            "stopping_word": stopping_word,
-            "tokens_cached": generation.cached_tokens,
-            "timings": timings_json(timings),
-        })
+            id_slot: -1,
+            stop: true,
+            model: self.state.model_name.clone(),
+            tokens_predicted: predicted,
+            tokens_evaluated: generation.prompt_tokens,
+            generation_settings: self.generation_settings.clone(),
+            prompt: self.prompt_text.clone(),
+            truncated,
+            stop_type: if self.silent { "limit" } else { stop_type(ending) },
+            stopping_word,
+            tokens_cached: generation.cached_tokens,
+            timings: response::Timings::new(timings),
+            completion_probabilities: None,
+        }
     }
 }
 
@@ -180,33 +143,35 @@ impl WireFormat for LlamaWire {
         if self.silent || (piece.token.is_none() && content.is_empty()) {
             return Ok(Vec::new());
         }
-        let mut chunk = json!({
-            "index": 0,
-            "content": content,
-            "tokens": piece.token.into_iter().collect::<Vec<_>>(),
-            "stop": false,
-            "id_slot": -1,
-            "tokens_predicted": generation.tokens.len(),
-            "tokens_evaluated": generation.prompt_tokens,
-        });
+        let mut chunk = CompletionChunk {
+            index: 0,
+            content,
+            tokens: piece.token.into_iter().collect(),
+            stop: false,
+            id_slot: -1,
+            tokens_predicted: generation.tokens.len(),
+            tokens_evaluated: generation.prompt_tokens,
+            completion_probabilities: None,
+        };
         // The engine sends a token's logprobs just before the token.
         if let Some(lp) = generation.logprobs.last().filter(|lp| Some(lp.token) == piece.token) {
-            chunk["completion_probabilities"] = llama_probabilities(&mut self.token_text, std::slice::from_ref(lp))?;
+            chunk.completion_probabilities = Some(llama_probabilities(&mut self.token_text, std::slice::from_ref(lp))?);
         }
-        Ok(vec![WireEvent::Data(chunk)])
+        Ok(vec![WireEvent::Data(to_json(&chunk))])
     }
 
     fn finish(&mut self, (ending, timings): &(Ending, Timings), at: &mut Progress) -> Result<Vec<WireEvent>, ApiError> {
-        Ok(vec![WireEvent::Data(self.final_json(at.generation, "", &[], ending, timings))])
+        let last = self.final_object(at.generation, String::new(), Vec::new(), ending, timings);
+        Ok(vec![WireEvent::Data(to_json(&last))])
     }
 
     fn complete(mut self, Done { generation, events, ending, timings }: Done) -> Result<Response, ApiError> {
         let content = if self.silent { String::new() } else { text_of(&events) };
         let tokens = if self.return_tokens && !self.silent { generation.tokens.clone() } else { Vec::new() };
-        let mut body = self.final_json(generation, &content, &tokens, &ending, &timings);
+        let mut body = self.final_object(generation, content, tokens, &ending, &timings);
         if !generation.logprobs.is_empty() && !self.silent {
-            body["completion_probabilities"] = llama_probabilities(&mut self.token_text, &generation.logprobs)?;
+            body.completion_probabilities = Some(llama_probabilities(&mut self.token_text, &generation.logprobs)?);
         }
-        Ok(axum::Json(body).into_response())
+        Ok(axum::Json(to_json(&body)).into_response())
     }
 }

@@ -8,12 +8,15 @@ use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use radix_templates::ChatRequest;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
-use super::llama::generation_settings;
 use super::logprobs::TokenText;
 use super::preparation::off_workers;
 use super::request::{DetokenizeRequest, TokenizeRequest, check_prompt_bytes, parse_body, token_id, typed};
+use super::response::llama::{
+    AppliedTemplate, Detokenized, Empty, GenerationSettings, Modalities, Piece, Props, Slot, TokenPiece, Tokenized,
+};
+use super::response::to_json;
 use super::{ApiError, ApiState};
 
 fn respond(result: Result<Json, ApiError>) -> Response {
@@ -57,19 +60,19 @@ pub(super) async fn tokenize(State(state): State<Arc<ApiState>>, body: Bytes) ->
                 }
             };
             if !fields.with_pieces.unwrap_or(false) {
-                return Ok(json!({"tokens": ids}));
+                return Ok(to_json(&Tokenized { tokens: ids }));
             }
             let mut token_text = TokenText::new(Arc::clone(&state.tokenizer));
             let mut tokens = Vec::with_capacity(ids.len());
             for &id in &ids {
                 // Part of a multi-byte character: llama-server gives the bytes instead of text.
                 let piece = match String::from_utf8(token_text.bytes(id)?) {
-                    Ok(text) => json!(text),
-                    Err(e) => json!(e.into_bytes()),
+                    Ok(text) => Piece::Text(text),
+                    Err(e) => Piece::Bytes(e.into_bytes()),
                 };
-                tokens.push(json!({"id": id, "piece": piece}));
+                tokens.push(TokenPiece { id, piece });
             }
-            Ok(json!({"tokens": tokens}))
+            Ok(to_json(&Tokenized { tokens }))
         })
         .await,
     )
@@ -86,7 +89,7 @@ pub(super) async fn detokenize(State(state): State<Arc<ApiState>>, body: Bytes) 
                 .tokenizer
                 .decode(&ids, false)
                 .map_err(|e| ApiError::internal(format!("detokenizing failed: {e}")))?;
-            Ok(json!({"content": content}))
+            Ok(to_json(&Detokenized { content }))
         })
         .await,
     )
@@ -105,38 +108,26 @@ pub(super) async fn apply_template(State(state): State<Arc<ApiState>>, body: Byt
                 .tokenizer
                 .prompt_offsets(&rendered.text, &rendered.content_controls)
                 .map_err(|e| ApiError::internal(format!("tokenization failed: {e}")))?;
+            let structure = super::prompt_structure::PromptStructure::new(&state.template, &chat, &rendered.text);
             let parts = super::prompt_parts::prompt_parts(
-                &state.template,
+                &structure,
                 &chat,
                 &rendered.text,
                 &offsets,
                 None,
                 state.content_controls.as_ref(),
             );
-            Ok(json!({"prompt": rendered.text, "prompt_tokens": offsets.len(), "prompt_parts": parts}))
+            Ok(to_json(&AppliedTemplate { prompt: rendered.text, prompt_tokens: offsets.len(), prompt_parts: parts }))
         })
         .await,
     )
 }
 
 /// A slot's `params` and `next_token` when idle, as `/props` and `/slots` show them.
-fn idle_slot(state: &ApiState, id: usize, is_processing: bool) -> Json {
-    json!({
-        "id": id,
-        "id_task": -1,
-        "n_ctx": state.context_length,
-        "speculative": false,
-        "is_processing": is_processing,
-        "params": generation_settings(state, &state.sampling_defaults, -1, &[], false),
-        "prompt": "",
-        "next_token": {
-            "has_next_token": is_processing,
-            "has_new_line": false,
-            "n_remain": -1,
-            "n_decoded": 0,
-            "stopping_word": ""
-        }
-    })
+fn idle_slot(state: &ApiState, id: usize, is_processing: bool) -> Slot {
+    let params =
+        GenerationSettings::new(state.context_length, &state.model_name, &state.sampling_defaults, -1, &[], false);
+    Slot::idle(id, state.context_length, is_processing, params)
 }
 
 /// A special token's text: as the template knows it, else the tokenizer's.
@@ -153,26 +144,24 @@ pub(super) async fn props(State(state): State<Arc<ApiState>>) -> Response {
     let source = state.template.template.source();
     let chat_template = source.select(false).map(|(_, text)| text.to_owned()).unwrap_or_default();
     let eos = state.tokenizer.eos_token_ids().iter().next().copied();
-    let mut props = json!({
-        "default_generation_settings": idle_slot(&state, 0, false),
-        "total_slots": state.total_slots,
-        "model_alias": state.model_name,
-        "model_path": state.model_path,
-        "modalities": {"vision": false, "audio": false, "video": false},
-        "endpoint_slots": true,
-        "endpoint_props": false,
-        "endpoint_metrics": true,
-        "chat_template": chat_template,
-        "chat_template_caps": {},
-        "bos_token": special_token(&state, "bos_token", state.tokenizer.bos_token_id()),
-        "eos_token": special_token(&state, "eos_token", eos),
-        "build_info": format!("radix-serve {}", env!("CARGO_PKG_VERSION")),
-        "is_sleeping": false,
-    });
-    if let Some(tool_use) = source.templates.get("tool_use") {
-        props["chat_template_tool_use"] = json!(tool_use);
-    }
-    axum::Json(props).into_response()
+    let props = Props {
+        default_generation_settings: idle_slot(&state, 0, false),
+        total_slots: state.total_slots,
+        model_alias: state.model_name.clone(),
+        model_path: state.model_path.clone(),
+        modalities: Modalities::default(),
+        endpoint_slots: true,
+        endpoint_props: false,
+        endpoint_metrics: true,
+        chat_template,
+        chat_template_caps: Empty::default(),
+        bos_token: special_token(&state, "bos_token", state.tokenizer.bos_token_id()),
+        eos_token: special_token(&state, "eos_token", eos),
+        build_info: format!("radix-serve {}", env!("CARGO_PKG_VERSION")),
+        is_sleeping: false,
+        chat_template_tool_use: source.templates.get("tool_use").cloned(),
+    };
+    axum::Json(to_json(&props)).into_response()
 }
 
 /// `GET /slots`: one entry per `--parallel` slot. The engine has no fixed slots: any request
@@ -186,6 +175,6 @@ pub(super) async fn slots(State(state): State<Arc<ApiState>>, uri: Uri) -> Respo
     if fail_on_no_slot && running >= state.total_slots {
         return ApiError::NoSlot.into_response();
     }
-    let slots: Vec<Json> = (0..state.total_slots).map(|id| idle_slot(&state, id, id < running)).collect();
-    axum::Json(Json::Array(slots)).into_response()
+    let slots: Vec<Slot> = (0..state.total_slots).map(|id| idle_slot(&state, id, id < running)).collect();
+    axum::Json(to_json(&slots)).into_response()
 }

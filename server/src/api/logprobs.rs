@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use radix_models::tokenizer::Tokenizer;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 use super::ApiError;
+use super::response::openai::{ChatLogprobs, CompletionLogprobs, TokenLogprob};
 use crate::engine::TokenLogprobs;
 
 /// Token texts as the APIs show them: the decoded text, and the raw bytes where a token holds
@@ -44,25 +45,22 @@ impl TokenText {
     }
 
     /// `{"token", "logprob", "bytes"}` (with `"id"` in llama.cpp's form).
-    fn entry(&mut self, id: u32, logprob: f32, with_id: bool) -> Result<Json, ApiError> {
-        let mut entry = json!({"token": self.text(id), "logprob": logprob, "bytes": self.bytes(id)?});
-        if with_id {
-            entry["id"] = json!(id);
-        }
-        Ok(entry)
+    fn entry(&mut self, id: u32, logprob: f32, with_id: bool) -> Result<TokenLogprob, ApiError> {
+        let bytes = self.bytes(id)?;
+        Ok(TokenLogprob { token: self.text(id), logprob, bytes, id: with_id.then_some(id), top_logprobs: None })
     }
 
     /// One token of OpenAI chat's `logprobs.content` (or, `with_id`, of llama.cpp's
     /// `completion_probabilities`): the token and its `top_logprobs`.
-    pub(crate) fn logprobs_entry(&mut self, lp: &TokenLogprobs, with_id: bool) -> Result<Json, ApiError> {
+    pub(crate) fn logprobs_entry(&mut self, lp: &TokenLogprobs, with_id: bool) -> Result<TokenLogprob, ApiError> {
         let mut entry = self.entry(lp.token, lp.logprob, with_id)?;
         let top = lp.top.iter().map(|&(id, l)| self.entry(id, l, with_id)).collect::<Result<Vec<_>, _>>()?;
-        entry["top_logprobs"] = Json::Array(top);
+        entry.top_logprobs = Some(top);
         Ok(entry)
     }
 
     /// OpenAI text completions' `logprobs` object; offsets count from `offset` in the text.
-    pub(crate) fn completion_logprobs(&self, lps: &[TokenLogprobs], mut offset: usize) -> Json {
+    pub(crate) fn completion_logprobs(&self, lps: &[TokenLogprobs], mut offset: usize) -> CompletionLogprobs {
         let (mut tokens, mut token_logprobs, mut top_logprobs, mut text_offset) = (vec![], vec![], vec![], vec![]);
         for lp in lps {
             let text = self.text(lp.token);
@@ -70,20 +68,21 @@ impl TokenText {
             offset += text.len();
             tokens.push(text);
             token_logprobs.push(lp.logprob);
-            let top: serde_json::Map<String, Json> = lp.top.iter().map(|&(id, l)| (self.text(id), json!(l))).collect();
+            let top: serde_json::Map<String, Json> =
+                lp.top.iter().map(|&(id, l)| (self.text(id), Json::from(l))).collect();
             top_logprobs.push(top);
         }
-        json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset})
+        CompletionLogprobs { tokens, token_logprobs, top_logprobs, text_offset }
     }
 }
 
 /// OpenAI chat's `logprobs` object of a choice for these tokens.
-pub(crate) fn chat_logprobs(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Json, ApiError> {
+pub(crate) fn chat_logprobs(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<ChatLogprobs, ApiError> {
     let content = lps.iter().map(|lp| text.logprobs_entry(lp, false)).collect::<Result<Vec<_>, _>>()?;
-    Ok(json!({"content": content}))
+    Ok(ChatLogprobs { content })
 }
 
 /// llama.cpp's `completion_probabilities` (`n_probs`) for these tokens.
-pub(crate) fn llama_probabilities(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Json, ApiError> {
-    lps.iter().map(|lp| text.logprobs_entry(lp, true)).collect::<Result<Vec<_>, _>>().map(Json::Array)
+pub(crate) fn llama_probabilities(text: &mut TokenText, lps: &[TokenLogprobs]) -> Result<Vec<TokenLogprob>, ApiError> {
+    lps.iter().map(|lp| text.logprobs_entry(lp, true)).collect()
 }

@@ -10,9 +10,10 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
 
 use super::ApiState;
+use super::response::radix::{CacheState, DiskState, TopPrefix};
+use super::response::to_json;
 use crate::engine::Histogram;
 
 /// Prompts shown in `/v1/cache`'s `top_prefixes`.
@@ -168,29 +169,29 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
 }
 
 /// The disk tier's part of `/v1/cache`.
-fn disk_json(s: &crate::engine::DiskStats, m: &crate::engine::DiskMetrics) -> serde_json::Value {
+fn disk_state(s: &crate::engine::DiskStats, m: &crate::engine::DiskMetrics) -> DiskState {
     let h = &m.read_seconds;
-    json!({
-        "enabled": s.enabled,
-        "bytes": s.bytes,
-        "budget_bytes": s.budget_bytes,
-        "files": s.files,
-        "tokens": s.tokens,
-        "pending_writes": s.pending_writes,
-        "restores": m.restores,
-        "restored_tokens": m.restored_tokens,
-        "files_read": m.files_read,
-        "pages_read": m.pages_read,
-        "read_seconds_mean": if h.count == 0 { 0.0 } else { h.sum / h.count as f64 },
-        "damaged_files": m.damaged_files,
-        "files_written": m.files_written,
-        "written_bytes": m.bytes_written,
-        "write_errors": m.write_errors,
-        "evicted_files": m.evicted_files,
-        "evicted_bytes": m.evicted_bytes,
-        "snapshots": s.snapshots,
-        "snapshots_restored": m.snapshots_restored,
-    })
+    DiskState {
+        enabled: s.enabled,
+        bytes: s.bytes,
+        budget_bytes: s.budget_bytes,
+        files: s.files,
+        tokens: s.tokens,
+        pending_writes: s.pending_writes,
+        restores: m.restores,
+        restored_tokens: m.restored_tokens,
+        files_read: m.files_read,
+        pages_read: m.pages_read,
+        read_seconds_mean: if h.count == 0 { 0.0 } else { h.sum / h.count as f64 },
+        damaged_files: m.damaged_files,
+        files_written: m.files_written,
+        written_bytes: m.bytes_written,
+        write_errors: m.write_errors,
+        evicted_files: m.evicted_files,
+        evicted_bytes: m.evicted_bytes,
+        snapshots: s.snapshots,
+        snapshots_restored: m.snapshots_restored,
+    }
 }
 
 /// The cache's state; the text of the top prefixes only for an admin key (`--admin-api-key`),
@@ -203,31 +204,31 @@ async fn cache(State(state): State<Arc<ApiState>>, headers: axum::http::HeaderMa
     let top: Vec<_> = prefixes
         .iter()
         .take(TOP_PREFIXES)
-        .map(|p| {
-            let mut prefix = json!({"tokens": p.tokens.len(), "uses": p.uses});
-            if admin {
+        .map(|p| TopPrefix {
+            tokens: p.tokens.len(),
+            uses: p.uses,
+            head: admin.then(|| {
                 let head = &p.tokens[..p.tokens.len().min(HEAD_TOKENS)];
-                prefix["head"] = json!(state.tokenizer.decode(head, false).unwrap_or_default());
-            }
-            prefix
+                state.tokenizer.decode(head, false).unwrap_or_default()
+            }),
         })
         .collect();
-    axum::Json(json!({
-        "page_size": s.page_size,
-        "pages_total": s.pages_total,
-        "pages_cached": s.pages_cached,
-        "tokens_cached": s.pages_cached * s.page_size,
-        "hit_ratio": hit_ratio(m.cached_tokens, m.prompt_tokens),
-        "prompt_tokens": m.prompt_tokens,
-        "cached_tokens": m.cached_tokens,
-        "evicted_pages": m.evicted_pages,
-        "evicted_tokens": m.evicted_tokens,
-        "snapshots": s.snapshots,
-        "snapshot_bytes": s.snapshots * s.snapshot_bytes,
-        "snapshot_slots": s.snapshot_slots,
-        "evicted_snapshots": m.evicted_snapshots,
-        "disk": disk_json(&s.disk, &m.disk),
-        "top_prefixes": top,
-    }))
-    .into_response()
+    let body = CacheState {
+        page_size: s.page_size,
+        pages_total: s.pages_total,
+        pages_cached: s.pages_cached,
+        tokens_cached: s.pages_cached * s.page_size,
+        hit_ratio: hit_ratio(m.cached_tokens, m.prompt_tokens),
+        prompt_tokens: m.prompt_tokens,
+        cached_tokens: m.cached_tokens,
+        evicted_pages: m.evicted_pages,
+        evicted_tokens: m.evicted_tokens,
+        snapshots: s.snapshots,
+        snapshot_bytes: s.snapshots * s.snapshot_bytes,
+        snapshot_slots: s.snapshot_slots,
+        evicted_snapshots: m.evicted_snapshots,
+        disk: disk_state(&s.disk, &m.disk),
+        top_prefixes: top,
+    };
+    axum::Json(to_json(&body)).into_response()
 }

@@ -22,10 +22,12 @@ mod metrics;
 mod output;
 mod preparation;
 mod prompt_parts;
+mod prompt_structure;
 mod recent;
 mod recorder;
 mod reply;
 mod request;
+mod response;
 mod router_compat;
 mod snapshot_points;
 mod ui;
@@ -39,18 +41,23 @@ use axum::routing::{get, post};
 use radix_models::tokenizer::Tokenizer;
 use radix_templates::ModelFormat;
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
-use serde_json::json;
 
 use crate::engine::{EngineHandle, SamplingParams};
 pub use auth::ApiKeys;
 pub use browser::BrowserPolicy;
 pub use error::ApiError;
-pub use limits::{MAX_BODY_BYTES, MAX_JSON_DEPTH};
 pub use metrics::HttpMetrics;
 pub use preparation::PreparationPool;
 pub use recent::RecentRequests;
 pub use recorder::RequestRecorder;
 pub use request::llama_server_sampling;
+
+/// Largest request body accepted (agent prompts with long files stay far below it).
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Deepest JSON nesting accepted; no API shape needs more than a handful of levels, and a
+/// recursive parser must not be handed unbounded depth.
+pub const MAX_JSON_DEPTH: usize = 128;
 
 /// What every handler shares.
 pub struct ApiState {
@@ -159,25 +166,15 @@ pub fn router(state: Arc<ApiState>) -> Router {
 }
 
 async fn models(State(state): State<Arc<ApiState>>) -> axum::Json<serde_json::Value> {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "radix-serve",
-            "context_length": state.context_length,
-            "meta": {"n_ctx_train": state.context_length}
-        }]
-    }))
+    axum::Json(response::to_json(&response::openai::ModelList::new(&state.model_name, state.context_length)))
 }
 
 async fn health(State(state): State<Arc<ApiState>>) -> axum::response::Response {
     use axum::response::IntoResponse;
     let stats = state.engine.stats();
     if !state.engine.alive() {
-        let body = json!({"status": "engine stopped", "engine": stats});
-        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        let body = response::llama::Health { status: "engine stopped", engine: stats };
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, axum::Json(response::to_json(&body))).into_response();
     }
-    axum::Json(json!({"status": "ok", "engine": stats})).into_response()
+    axum::Json(response::to_json(&response::llama::Health { status: "ok", engine: stats })).into_response()
 }

@@ -16,12 +16,13 @@
 use std::ops::Range;
 
 use radix_templates::ChatRequest;
-use radix_templates::prepare::{ControlSpellings, PreparedTemplate};
-use serde_json::{Map, Value as Json, json};
+use radix_templates::prepare::ControlSpellings;
+use serde_json::Value as Json;
 
-use super::cache_report::{common_bytes, message_text};
+use super::prompt_structure::{PromptStructure, find_messages};
+use super::response::radix::{MessageCount, PartCount, PromptParts};
 
-/// The part kinds, in the order the report lists them.
+/// The part kinds, in the order the report lists them (`PromptParts`' fields).
 const KINDS: [&str; 8] =
     ["system", "tools", "user", "assistant", "reasoning", "tool_call_arguments", "tool", "generation_prompt"];
 
@@ -38,7 +39,7 @@ struct Span {
 /// message's range ends where the next control token starts (`controls`, the tokenizer's), so
 /// that its text is tokenized alike alone and in the prompt.
 fn spans(
-    template: &PreparedTemplate,
+    structure: &PromptStructure,
     chat: &ChatRequest,
     prompt_text: &str,
     controls: Option<&ControlSpellings>,
@@ -46,17 +47,15 @@ fn spans(
     let control_starts: Vec<usize> =
         controls.map_or(Vec::new(), |c| c.find_in(prompt_text).iter().map(|r| r.start).collect());
     let next_control = |at: usize| control_starts.iter().copied().find(|&c| c >= at).unwrap_or(at);
-    let found = find_messages(prompt_text, chat.messages.iter().map(|m| [message_text(m)]), next_control);
+    let found = find_messages(prompt_text, structure.texts.iter().map(|t| [t]), next_control);
     let mut spans = Vec::new();
     let mut start = 0;
-    let mut leading_system = true;
     for (k, (message, found)) in chat.messages.iter().zip(found).enumerate() {
         let role = message["role"].as_str().unwrap_or_default();
-        leading_system &= matches!(role, "system" | "developer");
         let Some(text) = found else { continue };
         let end = next_control(text.end);
         let kind = match role {
-            _ if leading_system => "system",
+            _ if k < structure.leading_system => "system",
             "system" | "developer" => "system",
             "assistant" => "assistant",
             "tool" => "tool",
@@ -69,55 +68,10 @@ fn spans(
         start = end;
     }
     spans.push(Span { bytes: start..prompt_text.len(), kind: "generation_prompt", message: None });
-    if let Some(bytes) = tools_span(template, chat, prompt_text) {
+    if let Some(bytes) = structure.tools.clone() {
         spans.push(Span { bytes, kind: "tools", message: None });
     }
     spans
-}
-
-/// Where each message is in `prompt_text`: the byte range of the earliest occurrence of any
-/// of its `texts`, `None` where none occurs (not rendered verbatim, or empty). Messages are
-/// searched in order, each from `resume(end)` of the last one found, so that text a later
-/// message repeats is not taken for an earlier one's; a template renders each message's text
-/// verbatim, wherever it puts headers, merged system blocks or dropped reasoning.
-pub(super) fn find_messages<T: AsRef<str>>(
-    prompt_text: &str,
-    texts: impl IntoIterator<Item = impl IntoIterator<Item = T>>,
-    resume: impl Fn(usize) -> usize,
-) -> Vec<Option<Range<usize>>> {
-    let mut from = 0;
-    let mut out = Vec::new();
-    for candidates in texts {
-        let mut best: Option<Range<usize>> = None;
-        for text in candidates {
-            let text = text.as_ref();
-            // Only a match that starts before the best one so far counts: the search stops
-            // there, not at the prompt's end (a dropped reasoning text is found nowhere).
-            let limit = best.as_ref().map_or(prompt_text.len(), |b| (b.start + text.len()).saturating_sub(1));
-            let limit = (0..=limit.min(prompt_text.len())).rev().find(|&i| prompt_text.is_char_boundary(i));
-            let window = limit.and_then(|limit| prompt_text.get(from..limit)).unwrap_or_default();
-            if let Some(at) = window.find(text).filter(|_| !text.is_empty()) {
-                best = Some(from + at..from + at + text.len());
-            }
-        }
-        if let Some(range) = &best {
-            from = resume(range.end);
-        }
-        out.push(best);
-    }
-    out
-}
-
-/// The tool schemas' bytes: what `prompt_text` gains over the same request rendered without
-/// its tools (`None` without tools, or where it gains nothing).
-pub(super) fn tools_span(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Option<Range<usize>> {
-    if chat.tools.as_ref().is_none_or(|t| t.is_empty()) {
-        return None;
-    }
-    let without = template.render(&ChatRequest { tools: None, ..chat.clone() }).ok()?;
-    let at = common_bytes(&without, prompt_text);
-    let added = prompt_text.len().saturating_sub(without.len());
-    (added > 0).then_some(at..at + added)
 }
 
 /// An assistant message's reasoning and tool-call arguments, where `within` holds them verbatim.
@@ -155,17 +109,16 @@ fn inner_spans(message: &Json, prompt_text: &str, within: Range<usize>, k: usize
 /// which the first `cached` came from the prefix cache (`None`: not known, e.g. on
 /// `/apply-template`); `controls` are the tokenizer's control-token spellings.
 pub(crate) fn prompt_parts(
-    template: &PreparedTemplate,
+    structure: &PromptStructure,
     chat: &ChatRequest,
     prompt_text: &str,
     offsets: &[usize],
     cached: Option<usize>,
     controls: Option<&ControlSpellings>,
-) -> Json {
-    let spans = spans(template, chat, prompt_text, controls);
+) -> PromptParts {
+    let spans = spans(structure, chat, prompt_text, controls);
     let byte_ranges = message_ranges(&spans, chat.messages.len());
     let owner = |offset: usize| spans.iter().rev().find(|s| s.bytes.contains(&offset));
-    let mut totals: Map<String, Json> = Map::new();
     let mut messages: Vec<(usize, usize)> = vec![(0, 0); chat.messages.len()];
     let mut counts = [(0usize, 0usize); KINDS.len()];
     for (i, &offset) in offsets.iter().enumerate() {
@@ -180,26 +133,29 @@ pub(crate) fn prompt_parts(
             messages[k].1 += usize::from(is_cached);
         }
     }
-    let entry = |(tokens, in_cache): (usize, usize)| match cached {
-        Some(_) => json!({"tokens": tokens, "cached": in_cache, "computed": tokens - in_cache}),
-        None => json!({"tokens": tokens}),
-    };
-    for (kind, count) in KINDS.iter().zip(counts) {
-        totals.insert((*kind).to_owned(), entry(count));
-    }
-    let per_message: Vec<Json> = messages
+    let entry = |(tokens, in_cache): (usize, usize)| PartCount::new(tokens, cached.map(|_| in_cache));
+    let [system, tools, user, assistant, reasoning, tool_call_arguments, tool, generation_prompt] = counts.map(entry);
+    let per_message = messages
         .into_iter()
         .enumerate()
-        .map(|(k, count)| {
-            let mut e = entry(count);
-            e["index"] = json!(k);
-            e["role"] = chat.messages[k]["role"].clone();
-            e["bytes"] = byte_ranges[k].as_ref().map_or(Json::Null, |r| json!([r.start, r.end]));
-            e
+        .map(|(k, count)| MessageCount {
+            count: entry(count),
+            index: k,
+            role: chat.messages[k]["role"].clone(),
+            bytes: byte_ranges[k].as_ref().map(|r| [r.start, r.end]),
         })
         .collect();
-    totals.insert("messages".into(), Json::Array(per_message));
-    Json::Object(totals)
+    PromptParts {
+        system,
+        tools,
+        user,
+        assistant,
+        reasoning,
+        tool_call_arguments,
+        tool,
+        generation_prompt,
+        messages: Some(per_message),
+    }
 }
 
 /// Each message's whole byte range (its header included), where it was found.

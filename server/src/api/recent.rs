@@ -27,9 +27,12 @@ use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
 use radix_templates::prepare::ControlSpellings;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
-use super::cache_report::{CacheContext, Explained, message_text};
+use super::cache_report::{CacheContext, Explained};
+use super::prompt_structure::message_text;
+use super::response::radix::{self as response, RequestEntry};
+use super::response::to_json;
 use crate::engine::{FinishReason, GenerateRequest, Tenant, Timings};
 use timeline::Timeline;
 
@@ -211,13 +214,13 @@ impl RecentRequests {
 
     /// The newest `limit` requests, newest first, as the page reads them; prompt text only
     /// for `admin`.
-    pub(super) fn requests_json(&self, limit: usize, admin: bool) -> Vec<Json> {
-        self.lock().entries.iter().take(limit).map(|e| e.json(admin)).collect()
+    pub(super) fn requests(&self, limit: usize, admin: bool) -> Vec<RequestEntry> {
+        self.lock().entries.iter().take(limit).map(|e| e.shown(admin)).collect()
     }
 
     /// The timeline's buckets from the first that saw a request.
-    pub(super) fn timeline_json(&self) -> Json {
-        self.lock().timeline.json(unix_ms())
+    pub(super) fn timeline(&self) -> response::Timeline {
+        self.lock().timeline.shown(unix_ms())
     }
 
     /// Drops kept contexts, oldest first, until they fit [`KEPT_BYTES`].
@@ -235,7 +238,7 @@ impl RecentRequests {
 }
 
 impl Entry {
-    fn json(&self, admin: bool) -> Json {
+    fn shown(&self, admin: bool) -> RequestEntry {
         let mut divergence = self.divergence.clone();
         if !admin && let Some(d) = divergence.as_object_mut() {
             for text in ["before", "after", "previous_after"] {
@@ -248,35 +251,32 @@ impl Entry {
             Parts::Ready(parts) => (parts_json(parts), "ready"),
             Parts::Dropped => (Json::Null, "dropped"),
         };
-        let mut out = json!({
-            "id": self.id,
-            "unix_ms": self.unix_ms,
-            "status": self.status,
-            "kind": if self.chat { "chat" } else { "text" },
-            "session": self.session,
-            "tenant": self.tenant,
-            "turn": self.later_turn.map(|later| if later { "later" } else { "first" }),
-            "messages": self.messages,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "computed_tokens": self.prompt_tokens - self.cached_tokens.min(self.prompt_tokens),
-            "restored_from_disk": self.restored_from_disk,
-            "recomputed_for_snapshot": self.recomputed_for_snapshot,
-            "reason": self.reason,
-            "divergence": divergence,
-            "parts": parts,
-            "parts_status": parts_status,
-            "generated_tokens": self.generated_tokens,
-            "finish": self.finish,
-            "queue_ms": self.queue_ms,
-            "ttft_ms": self.ttft_ms,
-            "prefill_ms": self.prefill_ms,
-            "decode_tokens_per_second": self.decode_tokens_per_second,
-        });
-        if admin {
-            out["preview"] = json!(self.preview);
+        RequestEntry {
+            id: self.id,
+            unix_ms: self.unix_ms,
+            status: self.status,
+            kind: if self.chat { "chat" } else { "text" },
+            session: self.session.clone(),
+            tenant: self.tenant.clone(),
+            turn: self.later_turn.map(|later| if later { "later" } else { "first" }),
+            messages: self.messages,
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            computed_tokens: self.prompt_tokens - self.cached_tokens.min(self.prompt_tokens),
+            restored_from_disk: self.restored_from_disk,
+            recomputed_for_snapshot: self.recomputed_for_snapshot,
+            reason: self.reason,
+            divergence,
+            parts,
+            parts_status,
+            generated_tokens: self.generated_tokens,
+            finish: self.finish,
+            queue_ms: self.queue_ms,
+            ttft_ms: self.ttft_ms,
+            prefill_ms: self.prefill_ms,
+            decode_tokens_per_second: self.decode_tokens_per_second,
+            preview: admin.then(|| self.preview.clone()),
         }
-        out
     }
 }
 
@@ -312,7 +312,7 @@ impl PendingParts {
             self.current = Some(id);
             context.controls = controls.cloned();
             let parts = context.prompt_parts(cached);
-            self.store.set_parts(id, parts);
+            self.store.set_parts(id, parts.as_ref().map(to_json));
             self.current = None;
         }
     }

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value as Json, json};
+use serde::Serialize;
+use serde_json::Value as Json;
 
 /// Appends request bodies to a file, one JSON object per line:
 /// `{"route": "/v1/chat/completions", "unix_ms": 1764000000000, "body": {...}}`.
@@ -40,7 +41,7 @@ impl RequestRecorder {
     pub fn record(&self, route: &str, body: &[u8]) {
         let Ok(body) = serde_json::from_slice::<Json>(body) else { return };
         let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let mut line = json!({"route": route, "unix_ms": unix_ms, "body": body}).to_string();
+        let Ok(mut line) = serde_json::to_string(&RecordedRequest { route, unix_ms, body: &body }) else { return };
         line.push('\n');
         let written = match self.file.lock() {
             Ok(mut file) => file.write_all(line.as_bytes()),
@@ -52,6 +53,14 @@ impl RequestRecorder {
             eprintln!("radix-serve: --record-requests {}: cannot write ({e}); recording stops", self.path.display());
         }
     }
+}
+
+/// One line of the record: the route, when, and the body as the client sent it.
+#[derive(Serialize)]
+struct RecordedRequest<'a> {
+    route: &'a str,
+    unix_ms: u64,
+    body: &'a Json,
 }
 
 #[cfg(test)]

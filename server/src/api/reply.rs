@@ -1,13 +1,12 @@
-//! Parts of replies several APIs share: ids, `created`, OpenAI's `usage`, llama.cpp's
-//! `timings`, and the text of parse events.
+//! Parts of replies several APIs share: ids, `created`, OpenAI's `usage` of a generation, and
+//! the text of parse events (the response objects themselves are in `response/`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use radix_templates::parse::{OutputFormat, ParseEvent, ParserOptions};
-use serde_json::{Value as Json, json};
 
 use super::output::Generation;
-use crate::engine::Timings;
+use super::response::openai::Usage;
 
 /// A suffix that makes ids unique within this process and across restarts.
 pub(crate) fn unique_suffix() -> String {
@@ -23,33 +22,10 @@ pub(crate) fn created() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// OpenAI's `usage` object of a finished generation that shows `completion` tokens.
-pub(crate) fn usage(generation: &Generation, completion: usize) -> Json {
-    let prompt = generation.prompt_tokens;
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": generation.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": generation.pipeline.reasoning_tokens}
-    })
-}
-
-/// llama.cpp's `timings` object.
-pub(crate) fn timings_json(t: &Timings) -> Json {
-    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
-    let per_token = |n: usize, ms: f64| if n > 0 { ms / n as f64 } else { 0.0 };
-    json!({
-        "cache_n": t.cache_n,
-        "prompt_n": t.prompt_n,
-        "prompt_ms": t.prompt_ms,
-        "prompt_per_token_ms": per_token(t.prompt_n, t.prompt_ms),
-        "prompt_per_second": rate(t.prompt_n, t.prompt_ms),
-        "predicted_n": t.predicted_n,
-        "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": per_token(t.predicted_n, t.predicted_ms),
-        "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
-    })
+/// OpenAI's `usage` of a finished generation that shows `completion` tokens.
+pub(crate) fn usage(generation: &Generation, completion: usize) -> Usage {
+    let reasoning = generation.pipeline.reasoning_tokens;
+    Usage::new(generation.prompt_tokens, generation.cached_tokens, completion, reasoning)
 }
 
 /// Raw text out: no reasoning or tool-call parsing.

@@ -41,7 +41,7 @@
 //! A byte position maps to the tokens that end at or before it: a token straddling it holds
 //! text on both sides, so the state after it is not the state at the boundary. The engine
 //! rounds the points down to its pages and adds its own (fixed intervals, prompt end,
-//! generation end); messages are found as the prompt's parts find them (`prompt_parts.rs`).
+//! generation end); messages are found as the prompt's parts find them (`prompt_structure.rs`).
 
 use std::ops::Range;
 
@@ -49,8 +49,7 @@ use radix_templates::ChatRequest;
 use radix_templates::prepare::{ControlSpellings, PreparedTemplate, RenderedPrompt};
 use serde_json::Value as Json;
 
-use super::cache_report::{common_bytes, message_text};
-use super::prompt_parts::{find_messages, tools_span};
+use super::prompt_structure::{PromptStructure, common_bytes, find_messages, message_text};
 
 /// A chat prompt's snapshot points, as token positions, ascending, each in `1..tokens`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,16 +63,17 @@ pub(crate) struct SnapshotPoints {
 /// The snapshot points of a chat prompt. `chat` is the request `rendered` was rendered from,
 /// `offsets` the byte offset where each of its tokens starts
 /// (`Tokenizer::encode_prompt_with_offsets`), and `controls` the tokenizer's control-token
-/// spellings (without them, messages start at their text). Costs one render more, two when the
-/// request has tools.
+/// spellings (without them, messages start at their text); `structure` is the prompt's
+/// ([`PromptStructure::new`]). Costs one render more.
 pub(crate) fn snapshot_points(
     template: &PreparedTemplate,
+    structure: &PromptStructure,
     chat: &ChatRequest,
     rendered: &RenderedPrompt,
     offsets: &[usize],
     controls: Option<&ControlSpellings>,
 ) -> SnapshotPoints {
-    let points = boundaries(template, chat, rendered, controls);
+    let points = boundaries(template, structure, chat, rendered, controls);
     let positions = |expected_only: bool| {
         let bytes: Vec<usize> = points.iter().filter(|p| p.expected || !expected_only).map(|p| p.byte).collect();
         token_positions(&bytes, offsets, rendered.text.len())
@@ -92,6 +92,7 @@ struct BytePoint {
 /// The points (see the module docs), unordered and possibly repeated.
 fn boundaries(
     template: &PreparedTemplate,
+    structure: &PromptStructure,
     chat: &ChatRequest,
     rendered: &RenderedPrompt,
     controls: Option<&ControlSpellings>,
@@ -105,7 +106,7 @@ fn boundaries(
         .collect();
     let expected = |byte| BytePoint { byte, expected: true };
     let mut points = Vec::with_capacity(chat.messages.len() + 5);
-    points.extend(tools_span(template, chat, text).map(|tools| expected(tools.end)));
+    points.extend(structure.tools.as_ref().map(|tools| expected(tools.end)));
     // Searched from the previous text's end, not from the control token after it as the parts
     // do: a merged system message follows the previous one with no control token between.
     let found = find_messages(text, chat.messages.iter().map(anchors), |end| end);
@@ -147,6 +148,7 @@ const ENV_BLOCK: &str = "<env>";
 /// does not render the longer request).
 fn next_user_turn_divergence(template: &PreparedTemplate, chat: &ChatRequest, prompt_text: &str) -> Option<usize> {
     let mut messages = chat.messages.clone();
+    // A chat message as the template reads it (messages are JSON values there), not a response.
     messages.push(serde_json::json!({"role": "user", "content": "?"}));
     let next = template.render(&ChatRequest { messages, ..chat.clone() }).ok()?;
     Some(common_bytes(&next, prompt_text))

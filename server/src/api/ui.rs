@@ -15,10 +15,11 @@ use axum::http::Uri;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
 
 use super::preparation::off_workers;
 use super::recent::branches;
+use super::response::radix::CachePage;
+use super::response::to_json;
 use super::{ApiError, ApiState};
 
 const INDEX_HTML: &str = include_str!("ui/index.html");
@@ -94,23 +95,23 @@ async fn requests(State(state): State<Arc<ApiState>>, headers: HeaderMap, uri: U
         let tree = branches::tree(&sequences);
         let decode = |tokens: &[u32]| state.tokenizer.decode(tokens, false).unwrap_or_default();
         let head: Option<branches::Head> = if admin { Some(&decode) } else { None };
-        Ok((branches::json(&tree, &sequences, head, 0), sequences.len()))
+        Ok((branches::shown(&tree, &sequences, head, 0), sequences.len()))
     })
     .await;
     let (branches, sequences) = match shape {
         Ok(shape) => shape,
         Err(e) => return e.into_response(),
     };
-    axum::Json(json!({
-        "admin": admin,
-        "model": state.model_name,
-        "hybrid": state.hybrid,
-        "requests": state.recent.requests_json(limit, admin),
-        "timeline": state.recent.timeline_json(),
-        "sequences": sequences,
-        "branches": branches,
-    }))
-    .into_response()
+    let page = CachePage {
+        admin,
+        model: state.model_name.clone(),
+        hybrid: state.hybrid,
+        requests: state.recent.requests(limit, admin),
+        timeline: state.recent.timeline(),
+        sequences,
+        branches,
+    };
+    axum::Json(to_json(&page)).into_response()
 }
 
 #[cfg(test)]

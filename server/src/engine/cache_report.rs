@@ -10,7 +10,26 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::request::Tenant;
+/// A client identity for the cache report: a hash of the API key in use and of the request's
+/// `cache_salt` or `user`; [`Tenant::default`] is every client that gives neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Tenant(u64);
+
+impl Tenant {
+    /// The tenant of a request made with `key` (the API key it carried, if keys are on) and
+    /// `salt` (its `cache_salt`, else its `user`).
+    pub fn new(key: Option<&str>, salt: Option<&str>) -> Self {
+        if key.is_none() && salt.is_none() {
+            return Tenant::default();
+        }
+        // `str` hashes with a terminator, so ("ab", "c") and ("a", "bc") differ; `| 1` keeps
+        // every named tenant apart from the default one.
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (key, salt).hash(&mut hasher);
+        Tenant(hasher.finish() | 1)
+    }
+}
 
 /// Why reuse stopped where it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

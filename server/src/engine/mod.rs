@@ -24,7 +24,7 @@ pub mod stop;
 
 pub use cache::pages::PageAllocator;
 pub use cache_key::{CacheKey, CacheNamespace};
-pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix};
+pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix, Tenant};
 pub use constraint::{Constraint, ConstraintFactory};
 pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, ScheduledStep};
 pub use disk_tier::identity::build_id;
@@ -32,7 +32,7 @@ pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;
 pub use metrics::{DiskMetrics, EngineMetrics, Histogram};
 pub use radix::{Evicted, Inserted, NodeId, PrefixMatch, PrefixPeek, RadixCache, SnapshotHit, SnapshotPrefix};
-pub use request::{EngineEvent, FinishReason, GenerateRequest, Tenant, Timings, TokenLogprobs};
+pub use request::{EngineEvent, FinishReason, GenerateRequest, Timings, TokenLogprobs};
 pub use sampler::{Sampler, SamplingParams};
 pub use stats::EngineStats;
 pub use stop::{StopMatcher, StopOutput};

@@ -1,7 +1,7 @@
 //! What the HTTP side hands the engine, and what the engine sends back per request.
 
 use super::cache_key::CacheNamespace;
-use super::cache_report::CacheReport;
+use super::cache_report::{CacheReport, Tenant};
 use super::constraint::Constraint;
 use super::sampler::SamplingParams;
 
@@ -41,27 +41,6 @@ pub struct GenerateRequest {
     /// history, the generation prompt. Their snapshots are given up after every redundant one
     /// (`radix/snapshots.rs`).
     pub expected_points: Vec<usize>,
-}
-
-/// A client identity for the cache report: a hash of the API key in use and of the request's
-/// `cache_salt` or `user`; [`Tenant::default`] is every client that gives neither.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Tenant(u64);
-
-impl Tenant {
-    /// The tenant of a request made with `key` (the API key it carried, if keys are on) and
-    /// `salt` (its `cache_salt`, else its `user`).
-    pub fn new(key: Option<&str>, salt: Option<&str>) -> Self {
-        if key.is_none() && salt.is_none() {
-            return Tenant::default();
-        }
-        // `str` hashes with a terminator, so ("ab", "c") and ("a", "bc") differ; `| 1` keeps
-        // every named tenant apart from the default one.
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::hash::DefaultHasher::new();
-        (key, salt).hash(&mut hasher);
-        Tenant(hasher.finish() | 1)
-    }
 }
 
 /// Why a sequence ended.

@@ -141,6 +141,7 @@ fn parameters(schema: &Json) -> Option<Vec<Parameter>> {
             return None;
         }
         let value = match property {
+            // A JSON Schema (free-form, as the client's): `true` allows any value.
             Json::Bool(true) => Value::Json(json!({})),
             // No value is valid: the key cannot be written at all.
             Json::Bool(false) if required => return None,
@@ -205,6 +206,7 @@ pub(super) fn call_rules(tools: &[Tool], parallel: bool, framing: &ToolCallFrami
         let call = format!("call_{i}");
         let xml = parameters(&tool.parameters).filter(|_| is_tag_name(&tool.name));
         let Some(parameters) = xml else {
+            // JSON Schema, free-form.
             let schema = compact(json!({
                 "type": "object",
                 "properties": {"name": {"const": tool.name}, framing.arguments_key: tool.parameters},

@@ -4,7 +4,7 @@
 //! and tools that every session repeats is one long branch shared by all, and each session's
 //! history a branch below it. The radix tree holds these prefixes unless they were evicted.
 
-use serde_json::{Value as Json, json};
+use crate::api::response::radix::Branch as Shown;
 
 /// Levels of the tree served.
 const MAX_DEPTH: usize = 6;
@@ -72,35 +72,33 @@ fn build(sequences: &[(&[u32], u64)], order: &[usize], depth: usize) -> Vec<Bran
     out
 }
 
-/// The branches as JSON, [`MAX_DEPTH`] levels of at most [`MAX_CHILDREN`] each; `head` (the
+/// The branches as served, [`MAX_DEPTH`] levels of at most [`MAX_CHILDREN`] each; `head` (the
 /// admin key's) turns a branch's first tokens into text.
-pub(crate) fn json(branches: &[Branch], sequences: &[(&[u32], u64)], head: Option<Head>, depth: usize) -> Json {
-    let shown = branches.iter().take(MAX_CHILDREN).map(|b| {
-        let mut out = json!({
-            "start": b.start,
-            "tokens": b.tokens,
-            "end": b.start + b.tokens,
-            "sequences": b.sequences,
-            "uses": b.uses,
-            "children": if depth + 1 < MAX_DEPTH {
-                json(&b.children, sequences, head, depth + 1)
-            } else {
-                json!([])
-            },
-            "more_children": b.children.len().saturating_sub(if depth + 1 < MAX_DEPTH { MAX_CHILDREN } else { 0 }),
-        });
-        if let Some(head) = head {
-            let run = &sequences[b.member].0[b.start..b.start + b.tokens.min(HEAD_TOKENS)];
-            out["head"] = json!(head(run));
-        }
-        out
+pub(crate) fn shown(branches: &[Branch], sequences: &[(&[u32], u64)], head: Option<Head>, depth: usize) -> Vec<Shown> {
+    let deeper = depth + 1 < MAX_DEPTH;
+    let shown = branches.iter().take(MAX_CHILDREN).map(|b| Shown {
+        start: b.start,
+        tokens: b.tokens,
+        end: b.start + b.tokens,
+        sequences: b.sequences,
+        uses: b.uses,
+        children: if deeper { shown(&b.children, sequences, head, depth + 1) } else { Vec::new() },
+        more_children: b.children.len().saturating_sub(if deeper { MAX_CHILDREN } else { 0 }),
+        head: head.map(|head| head(&sequences[b.member].0[b.start..b.start + b.tokens.min(HEAD_TOKENS)])),
     });
-    Json::Array(shown.collect())
+    shown.collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value as Json;
+
     use super::*;
+    use crate::api::response::to_json;
+
+    fn json(branches: &[Branch], sequences: &[(&[u32], u64)], head: Option<Head>, depth: usize) -> Json {
+        to_json(&shown(branches, sequences, head, depth))
+    }
 
     fn seq(parts: &[&[u32]]) -> Vec<u32> {
         parts.concat()

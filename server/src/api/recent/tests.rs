@@ -1,5 +1,17 @@
+use serde_json::json;
+
 use super::*;
 use crate::engine::{CacheNamespace, CacheReport, MissReason, SamplingParams};
+
+impl RecentRequests {
+    fn requests_json(&self, limit: usize, admin: bool) -> Vec<Json> {
+        self.requests(limit, admin).iter().map(to_json).collect()
+    }
+
+    fn timeline_json(&self) -> Json {
+        to_json(&self.timeline())
+    }
+}
 
 fn request(prompt: usize, tenant: Tenant) -> GenerateRequest {
     GenerateRequest {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{Value as Json, json};
+use crate::api::response::radix::{Timeline as Shown, TimelineBucket};
 
 /// Seconds per bucket.
 pub(super) const BUCKET_SECONDS: u64 = 10;
@@ -19,8 +19,8 @@ struct Mean {
 }
 
 impl Mean {
-    fn json(self) -> Json {
-        if self.count == 0 { Json::Null } else { json!(self.sum / self.count as f64) }
+    fn value(self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
     }
 }
 
@@ -80,7 +80,7 @@ impl Timeline {
 
     /// Every bucket from the first stored one within the hour to `now_ms`'s, empty ones
     /// included, so that a chart's x axis is time.
-    pub(super) fn json(&self, now_ms: u64) -> Json {
+    pub(super) fn shown(&self, now_ms: u64) -> Shown {
         let now = now_ms / 1000 / BUCKET_SECONDS * BUCKET_SECONDS;
         let oldest = now.saturating_sub((BUCKETS - 1) * BUCKET_SECONDS);
         let mut stored = self.buckets.iter().filter(|b| b.start >= oldest).peekable();
@@ -93,27 +93,36 @@ impl Timeline {
                     Some(b) if b.start == start => stored.next().cloned().unwrap_or_default(),
                     _ => Bucket { start, ..Bucket::default() },
                 };
-                out.push(json!({
-                    "start_unix": bucket.start,
-                    "requests": bucket.requests,
-                    "prompt_tokens": bucket.prompt_tokens,
-                    "cached_tokens": bucket.cached_tokens,
-                    "computed_tokens": bucket.prompt_tokens - bucket.cached_tokens,
-                    "ttft_first_ms": bucket.ttft_first.json(),
-                    "ttft_first_count": bucket.ttft_first.count,
-                    "ttft_later_ms": bucket.ttft_later.json(),
-                    "ttft_later_count": bucket.ttft_later.count,
-                }));
+                out.push(TimelineBucket {
+                    start_unix: bucket.start,
+                    requests: bucket.requests,
+                    prompt_tokens: bucket.prompt_tokens,
+                    cached_tokens: bucket.cached_tokens,
+                    computed_tokens: bucket.prompt_tokens - bucket.cached_tokens,
+                    ttft_first_ms: bucket.ttft_first.value(),
+                    ttft_first_count: bucket.ttft_first.count,
+                    ttft_later_ms: bucket.ttft_later.value(),
+                    ttft_later_count: bucket.ttft_later.count,
+                });
                 start += BUCKET_SECONDS;
             }
         }
-        json!({"bucket_seconds": BUCKET_SECONDS, "buckets": out})
+        Shown { bucket_seconds: BUCKET_SECONDS, buckets: out }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value as Json;
+
     use super::*;
+    use crate::api::response::to_json;
+
+    impl Timeline {
+        fn json(&self, now_ms: u64) -> Json {
+            to_json(&self.shown(now_ms))
+        }
+    }
 
     #[test]
     fn buckets_sum_their_requests_and_fill_gaps() {

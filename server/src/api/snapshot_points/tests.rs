@@ -49,7 +49,8 @@ fn prompt(body: &Json) -> Prompt {
     let chat = ChatRequest::from_json(body).unwrap();
     let rendered = q.template.render_marked(&chat, Some(&q.controls)).unwrap();
     let (ids, offsets) = q.tokenizer.encode_prompt_with_offsets(&rendered.text, &rendered.content_controls).unwrap();
-    let points = snapshot_points(&q.template, &chat, &rendered, &offsets, Some(&q.controls));
+    let structure = PromptStructure::new(&q.template, &chat, &rendered.text);
+    let points = snapshot_points(&q.template, &structure, &chat, &rendered, &offsets, Some(&q.controls));
     Prompt { text: rendered.text, ids, offsets, points: points.all, expected: points.expected }
 }
 
