@@ -147,7 +147,7 @@ pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) 
         };
         let offset = ctx.tokenizer.decode(&ctx.prompt[..at.min(ctx.prompt.len())], false).map_or(0, |t| t.len());
         let offset = floor_char_boundary(&ctx.prompt_text, offset);
-        let place = locate(&ctx.structure, offset);
+        let place = locate(&ctx.structure, &ctx.chat, &ctx.prompt_text, offset);
         reason = refine(ctx, &report, at, &place, reason);
         let role = place.message.and_then(|k| ctx.chat.messages.get(k)).and_then(|m| m["role"].as_str());
         let before = window(&ctx.prompt, at.saturating_sub(CONTEXT_TOKENS), at);
@@ -213,8 +213,8 @@ pub(crate) fn explain(context: Option<&CacheContext>, report: Box<CacheReport>) 
 /// The part of the conversation the byte `offset` of the prompt text falls in: message `k` owns
 /// the prompt from the end of the last message's text found before it (so its header is its
 /// own) to the end of its text; one not rendered verbatim owns nothing.
-fn locate(structure: &PromptStructure, offset: usize) -> Place {
-    if let Some(tools) = structure.tools.clone().filter(|t| t.contains(&offset)) {
+fn locate(structure: &PromptStructure, chat: &ChatRequest, prompt_text: &str, offset: usize) -> Place {
+    if let Some(tools) = structure.tools(chat, prompt_text).filter(|t| t.contains(&offset)) {
         return Place { part: "tools", message: None, message_start: tools.start };
     }
     let mut start = 0;
@@ -283,7 +283,7 @@ mod tests {
         let chat = ChatRequest::from_json(&body).unwrap();
         let text = template.render(&chat).unwrap();
         let offset = text.find(needle).unwrap_or_else(|| panic!("{needle:?} not in {text:?}"));
-        let place = locate(&PromptStructure::new(&template, &chat, &text), offset);
+        let place = locate(&PromptStructure::new(&template, &chat, &text), &chat, &text, offset);
         (place.part, place.message)
     }
 
@@ -318,6 +318,9 @@ mod tests {
         let chat = ChatRequest::from_json(&end).unwrap();
         let text = template.render(&chat).unwrap();
         let tail = text.rfind("<|im_start|>assistant").unwrap();
-        assert_eq!(locate(&PromptStructure::new(&template, &chat, &text), tail).part, "generation_prompt");
+        assert_eq!(
+            locate(&PromptStructure::new(&template, &chat, &text), &chat, &text, tail).part,
+            "generation_prompt"
+        );
     }
 }

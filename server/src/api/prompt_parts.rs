@@ -68,7 +68,7 @@ fn spans(
         start = end;
     }
     spans.push(Span { bytes: start..prompt_text.len(), kind: "generation_prompt", message: None });
-    if let Some(bytes) = structure.tools.clone() {
+    if let Some(bytes) = structure.tools(chat, prompt_text) {
         spans.push(Span { bytes, kind: "tools", message: None });
     }
     spans

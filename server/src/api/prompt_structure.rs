@@ -1,8 +1,10 @@
 //! Where a rendered chat prompt's pieces are: each message's text, the tool schemas and the
-//! leading system block (what follows the last message is the generation prompt). Snapshot points (`snapshot_points.rs`), the
-//! prompt's parts (`prompt_parts.rs`) and the cache report (`cache_report.rs`) all read one
-//! [`PromptStructure`], made once per request next to the prompt's own render: the tool schemas
-//! cost a render of their own (the request without them), which each of them used to repeat.
+//! leading system block (what follows the last message is the generation prompt). Snapshot
+//! points (`snapshot_points.rs`), the prompt's parts (`prompt_parts.rs`) and the cache report
+//! (`cache_report.rs`) all read one [`PromptStructure`], made once per request next to the
+//! prompt's own render. The tool schemas cost a render of their own (the request without them):
+//! made the first time a reader asks, at most once, and not at all for a dense model's request
+//! whose reuse went as far as expected (nobody asks).
 //!
 //! Messages are found by their text, in order (a template renders each message's content
 //! verbatim, wherever it puts headers, merged system blocks or dropped reasoning); each reader
@@ -10,17 +12,19 @@
 //! for different ends (a token boundary, a cache part, a place in the conversation).
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use radix_templates::ChatRequest;
 use radix_templates::prepare::PreparedTemplate;
 use serde_json::Value as Json;
 
 /// The pieces of one rendered chat prompt.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct PromptStructure {
-    /// The tool schemas' bytes: what the prompt gains over the same request rendered without
-    /// its tools (`None` without tools, or where it gains nothing).
-    pub(crate) tools: Option<Range<usize>>,
+    /// The template that rendered the prompt, to render it without its tools when asked.
+    template: PreparedTemplate,
+    /// The tool schemas' bytes ([`PromptStructure::tools`]), once asked for.
+    tools: OnceLock<Option<Range<usize>>>,
     /// Each message's text ([`message_text`]), what finds it in the prompt.
     pub(crate) texts: Vec<String>,
     /// Where each message's text is, searched from where the previous one found ends
@@ -37,7 +41,14 @@ impl PromptStructure {
         let messages = find_messages(prompt_text, texts.iter().map(|t| [t]), |end| end);
         let leading_system =
             chat.messages.iter().take_while(|m| matches!(m["role"].as_str(), Some("system" | "developer"))).count();
-        PromptStructure { tools: tools_span(template, chat, prompt_text), texts, messages, leading_system }
+        PromptStructure { template: template.clone(), tools: OnceLock::new(), texts, messages, leading_system }
+    }
+
+    /// The tool schemas' bytes: what the prompt gains over the same request rendered without
+    /// its tools (`None` without tools, or where it gains nothing). `chat` and `prompt_text` are
+    /// the request and the prompt the structure was made from.
+    pub(crate) fn tools(&self, chat: &ChatRequest, prompt_text: &str) -> Option<Range<usize>> {
+        self.tools.get_or_init(|| tools_span(&self.template, chat, prompt_text)).clone()
     }
 }
 

@@ -106,7 +106,7 @@ fn boundaries(
         .collect();
     let expected = |byte| BytePoint { byte, expected: true };
     let mut points = Vec::with_capacity(chat.messages.len() + 5);
-    points.extend(structure.tools.as_ref().map(|tools| expected(tools.end)));
+    points.extend(structure.tools(chat, text).map(|tools| expected(tools.end)));
     // Searched from the previous text's end, not from the control token after it as the parts
     // do: a merged system message follows the previous one with no control token between.
     let found = find_messages(text, chat.messages.iter().map(anchors), |end| end);
