@@ -15,6 +15,8 @@
 #   CACHE=1        also replay cache-bench's workloads (0: model-bench only)
 #   WORKLOADS=single,split-system,interleaved,subagent,compaction
 #   OUT=target/ab  raw JSON, logs, and table.md
+#   CACHE_DIR=0    1: each cache-bench server gets a fresh --cache-dir (the disk tier's write-through
+#                  on the path measured; the directory is removed after the replay)
 #
 # Each tree builds into a release target directory of its own (~/.cache/radix-serve/target-ab-base
 # and -head): cargo hashes a workspace crate by its path relative to the workspace root, so two
@@ -85,8 +87,13 @@ esac
 # One cache-bench replay against a fresh server of one build.
 replay() {
   local name=$1 round=$2 port=$3
+  local disk=()
+  if [ "${CACHE_DIR:-0}" = 1 ]; then
+    rm -rf "$OUT/disk-$name-$round"
+    disk=(--cache-dir "$OUT/disk-$name-$round")
+  fi
   "$OUT/bin-$name/radix-serve" -m "$model" --port "$port" --threads "$THREADS" --parallel 4 --kv-cache 1024 \
-    "${serve_args[@]}" >"$OUT/serve-$name-$round.log" 2>&1 &
+    "${serve_args[@]}" "${disk[@]}" >"$OUT/serve-$name-$round.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 600); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
@@ -96,6 +103,7 @@ replay() {
     --workloads "$WORKLOADS" "${cache_args[@]}" --out "$OUT/cache-$name-$round" >"$OUT/cache-$name-$round.log" 2>&1 || true
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+  rm -rf "$OUT/disk-$name-$round"
 }
 
 for r in $(seq 1 "$ROUNDS"); do
