@@ -114,9 +114,9 @@ impl RequestCache {
     /// cache.
     pub(crate) fn place(&mut self, seq: &mut Sequence) -> Option<Placement> {
         let (view, lease) = seq.cache_parts();
-        let resume_from = self.prefix.place(view, lease)?;
+        let placed = self.prefix.place(view, lease)?;
         if let Some(states) = self.states.as_mut() {
-            states.start(lease, resume_from);
+            states.start(lease, placed.resume_from);
         }
         let mut placement = Placement::default();
         if let Some(disk) = self.disk.as_mut()

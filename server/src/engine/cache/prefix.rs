@@ -21,6 +21,13 @@ use super::pages::PageAllocator;
 use crate::engine::radix::{RadixCache, SnapshotPrefix};
 use crate::engine::sequence::SequenceView;
 
+/// What [`PrefixCache::place`] found for a hybrid model's sequence.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    /// The snapshot slot holding the state to resume from (none: the state starts afresh).
+    pub(crate) resume_from: Option<u32>,
+}
+
 /// The radix tree and the page allocator, and every rule about who owns which page.
 #[derive(Debug)]
 pub(crate) struct PrefixCache {
@@ -178,10 +185,10 @@ impl PrefixCache {
     }
 
     /// Matches the prompt's cached prefix (all but its last token, whose logits are needed),
-    /// locks it, and allocates pages for the rest of the prompt. On `false` nothing changed.
+    /// locks it, and allocates pages for the rest of the prompt. On `None` nothing changed.
     /// A hybrid model's match ends at its deepest snapshot, which the sequence is to resume
-    /// from (returned: its slot); `kv_matched` keeps how far the KV alone matched.
-    pub(crate) fn place(&mut self, seq: SequenceView, lease: &mut CacheLease) -> Option<Option<u32>> {
+    /// from; `kv_matched` keeps how far the KV alone matched.
+    pub(crate) fn place(&mut self, seq: SequenceView, lease: &mut CacheLease) -> Option<Placed> {
         let (mut node, mut cached, mut pages, mut kv_matched, mut restore) = (None, 0, Vec::new(), 0, None);
         if self.serves(seq.request.use_cache) {
             let m = self.tree.match_prefix(seq.cache_key(seq.prompt_len - 1));
@@ -218,7 +225,7 @@ impl PrefixCache {
         lease.computed = cached;
         lease.pages = pages;
         lease.kv_matched = kv_matched;
-        Some(restore)
+        Some(Placed { resume_from: restore })
     }
 
     /// Gives a decoding sequence a page for its next token when it crosses a page boundary;
