@@ -344,33 +344,90 @@ pub fn gated_delta_rule(
     state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    shape.validate()?;
-    let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = *shape;
-    let rows = g.len() / num_value_heads;
-    check_len("gate", g.len(), rows * num_value_heads)?;
-    check_len("beta", beta.len(), rows * num_value_heads)?;
-    check_len("query", q.len(), rows * num_key_heads * key_dim)?;
-    check_len("key", k.len(), rows * num_key_heads * key_dim)?;
-    check_len("value", v.len(), rows * num_value_heads * value_dim)?;
-    check_len("output", out.len(), rows * num_value_heads * value_dim)?;
-    check_len("state", state.len(), shape.state_len())?;
-    let inputs = RuleInputs { shape: *shape, rows, q, k, v, g, beta };
+    let inputs = RuleInputs::checked(shape, q, k, v, g, beta, state.len(), out.len())?;
+    let (key_dim, value_dim) = (shape.key_dim, shape.value_dim);
     let head_outputs: Vec<Vec<f32>> = state
         .par_chunks_exact_mut(key_dim * value_dim)
         .enumerate()
         .map(|(h, s)| {
-            let mut head_out = vec![0.0f32; rows * value_dim];
+            let mut head_out = vec![0.0f32; inputs.rows * value_dim];
             sweep_head(&inputs, h, s, &mut head_out);
             head_out
         })
         .collect();
-    for (h, head_out) in head_outputs.iter().enumerate() {
-        for t in 0..rows {
-            out[(t * num_value_heads + h) * value_dim..][..value_dim]
-                .copy_from_slice(&head_out[t * value_dim..(t + 1) * value_dim]);
+    inputs.gather(&head_outputs, out);
+    Ok(())
+}
+
+/// [`gated_delta_rule`]'s outputs, continuing from `state`, which is only read: how a drafted
+/// span is verified (its tokens may yet be rejected, and the state must stay where the accepted
+/// ones leave it). Each head sweeps a private copy of its state matrix (64 KiB for 128 x 128,
+/// in cache), so the pool's state is read once and never written; the arithmetic and its order
+/// are [`gated_delta_rule`]'s, so the outputs are bitwise the same.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule_read_only(
+    shape: &DeltaNetShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &[f32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let inputs = RuleInputs::checked(shape, q, k, v, g, beta, state.len(), out.len())?;
+    let (key_dim, value_dim) = (shape.key_dim, shape.value_dim);
+    let head_outputs: Vec<Vec<f32>> = state
+        .par_chunks_exact(key_dim * value_dim)
+        .enumerate()
+        .map(|(h, s)| {
+            let mut working = s.to_vec();
+            let mut head_out = vec![0.0f32; inputs.rows * value_dim];
+            sweep_head(&inputs, h, &mut working, &mut head_out);
+            head_out
+        })
+        .collect();
+    inputs.gather(&head_outputs, out);
+    Ok(())
+}
+
+impl<'a> RuleInputs<'a> {
+    /// The inputs of one call, their lengths checked against `shape` and each other.
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        shape: &DeltaNetShape,
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        g: &'a [f32],
+        beta: &'a [f32],
+        state_len: usize,
+        out_len: usize,
+    ) -> Result<Self, KernelError> {
+        shape.validate()?;
+        let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = *shape;
+        let rows = g.len() / num_value_heads;
+        check_len("gate", g.len(), rows * num_value_heads)?;
+        check_len("beta", beta.len(), rows * num_value_heads)?;
+        check_len("query", q.len(), rows * num_key_heads * key_dim)?;
+        check_len("key", k.len(), rows * num_key_heads * key_dim)?;
+        check_len("value", v.len(), rows * num_value_heads * value_dim)?;
+        check_len("output", out_len, rows * num_value_heads * value_dim)?;
+        check_len("state", state_len, shape.state_len())?;
+        Ok(RuleInputs { shape: *shape, rows, q, k, v, g, beta })
+    }
+
+    /// Interleaves the heads' outputs (`[rows, value_dim]` each) into `out`
+    /// (`[rows, value heads * value_dim]`).
+    fn gather(&self, head_outputs: &[Vec<f32>], out: &mut [f32]) {
+        let DeltaNetShape { num_value_heads, value_dim, .. } = self.shape;
+        for (h, head_out) in head_outputs.iter().enumerate() {
+            for t in 0..self.rows {
+                out[(t * num_value_heads + h) * value_dim..][..value_dim]
+                    .copy_from_slice(&head_out[t * value_dim..(t + 1) * value_dim]);
+            }
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -428,6 +485,29 @@ mod tests {
             }
             prop_assert_eq!(&once, &out);
             prop_assert_eq!(&s_once, &s_split);
+        }
+    }
+
+    proptest! {
+        /// The read-only rule gives the in-place rule's outputs bit for bit and leaves the state
+        /// as it was, for decode-sized and prefill-sized spans.
+        #[test]
+        fn read_only_rule_equals_the_in_place_one(rows in 1usize..10, dv in prop::sample::select(vec![5usize, 16, 20])) {
+            let shape = DeltaNetShape { num_key_heads: 2, num_value_heads: 4, key_dim: 6, value_dim: dv, tiled_value_heads: false };
+            let q = values(rows * 12, 0.4);
+            let k = values(rows * 12, 0.8);
+            let v = values(rows * 4 * dv, 1.6);
+            let g: Vec<f32> = values(rows * 4, 2.2).iter().map(|x| -x.abs()).collect();
+            let beta: Vec<f32> = values(rows * 4, 3.3).iter().map(|x| 0.5 + x).collect();
+            let before = values(shape.state_len(), 4.4);
+            let mut advanced = before.clone();
+            let (mut in_place, mut read_only) = (vec![0.0; rows * 4 * dv], vec![1.0; rows * 4 * dv]);
+            gated_delta_rule(&shape, &q, &k, &v, &g, &beta, &mut advanced, &mut in_place).unwrap();
+            let kept = before.clone();
+            gated_delta_rule_read_only(&shape, &q, &k, &v, &g, &beta, &kept, &mut read_only).unwrap();
+            prop_assert_eq!(&in_place, &read_only);
+            prop_assert_eq!(&kept, &before);
+            prop_assert_ne!(&advanced, &before);
         }
     }
 

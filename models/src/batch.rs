@@ -23,6 +23,11 @@ pub struct SequenceChunk {
     /// after position `context_len - len - 1`, updated to the state after its last new token.
     /// A chunk starting at position 0 starts from a zero state whatever the slot held.
     pub state_slot: Option<u32>,
+    /// A drafted span being verified (speculative decoding): logits for every new token, not
+    /// only the last; and a hybrid model's state slot is read but not advanced, since a suffix
+    /// of the span may be rejected: the pass keeps the span's recurrent-layer inputs beside the
+    /// slot, and [`crate::Model::apply_verified`] advances the state over the accepted rows.
+    pub verify: bool,
 }
 
 /// The new tokens of several sequences, packed row after row.
@@ -56,8 +61,16 @@ impl ForwardBatch {
             page_table,
             logits,
             state_slot,
+            verify: false,
         });
         self.tokens.extend_from_slice(tokens);
+    }
+
+    /// Adds a drafted span to verify: the sequence's last accepted token followed by drafted
+    /// ones, with logits for each ([`SequenceChunk::verify`]).
+    pub fn push_verify(&mut self, tokens: &[u32], context_len: usize, page_table: Vec<u32>, state_slot: Option<u32>) {
+        self.push_with_state(tokens, context_len, page_table, true, state_slot);
+        self.sequences.last_mut().expect("just pushed").verify = true;
     }
 
     /// Positions of every new token, row by row.
@@ -89,9 +102,15 @@ impl ForwardBatch {
             .collect()
     }
 
-    /// Rows whose logits are wanted: each such sequence's last new token.
+    /// Rows whose logits are wanted, in order: each such sequence's last new token, every new
+    /// token of a span being verified.
     pub fn logit_rows(&self) -> Vec<u32> {
-        self.sequences.iter().filter(|s| s.logits).map(|s| (s.start + s.len - 1) as u32).collect()
+        let rows = |s: &SequenceChunk| match (s.verify, s.logits) {
+            (true, _) => s.start..s.start + s.len,
+            (false, true) => s.start + s.len - 1..s.start + s.len,
+            (false, false) => 0..0,
+        };
+        self.sequences.iter().flat_map(rows).map(|r| r as u32).collect()
     }
 
     /// Checks that rows tile the tokens, page tables cover contexts, and ids fit the vocabulary.

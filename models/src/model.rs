@@ -256,6 +256,31 @@ impl Model {
         }
     }
 
+    /// Whether drafted spans can be verified ([`crate::SequenceChunk::verify`]): any model
+    /// on the CPU path; a hybrid model's not yet on CUDA, whose kernels advance the state in
+    /// place.
+    pub fn verifies_drafts(&self) -> bool {
+        self.config.hybrid.is_none() || !self.device.is_cuda()
+    }
+
+    /// After a pass verified a drafted span on state slot `slot`: advances the slot's state
+    /// over the span's rows `rows` (the accepted ones), bitwise as a pass computing just them
+    /// would have. Calls continue one another from row 0 (so a snapshot can be taken between
+    /// them); the span's kept inputs are freed with its last row, or by
+    /// [`StatePool::discard_verified`]. Models without recurrent layers have nothing to do.
+    pub fn apply_verified(&self, state: &mut StatePool, slot: u32, rows: std::ops::Range<usize>) -> Result<()> {
+        if self.config.hybrid.is_none() {
+            return Ok(());
+        }
+        let recurrent = self.layers.iter().filter_map(|l| l.delta_net());
+        self.threads.install(|| {
+            for (delta_net, layer_state) in recurrent.zip(state.layers.iter_mut()) {
+                delta_net.apply_verified(layer_state, slot, rows.clone())?;
+            }
+            Ok(())
+        })
+    }
+
     /// Runs the batch's new tokens through the model, writing their K/V into `kv` and attending
     /// over each sequence's paged context. Returns `[sequences wanting logits, vocab]` f32 logits,
     /// in batch order. Hybrid models need [`forward_with_state`](Self::forward_with_state).

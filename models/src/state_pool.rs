@@ -8,6 +8,8 @@
 //! Gated DeltaNet kernels read and write it in place, and a slot is copied device to device;
 //! elsewhere it is host memory (the CPU path's kernels work on it in place).
 
+use std::collections::HashMap;
+
 use candle_core::{Device, Tensor};
 
 use crate::config::{HybridConfig, ModelConfig};
@@ -94,6 +96,25 @@ pub struct LayerState {
     pub(crate) conv: StateStorage,
     /// `[slots, value_heads, key_head_dim, value_head_dim]`: the delta rule's state.
     pub(crate) ssm: StateStorage,
+    /// By slot: the last drafted span a pass verified there without advancing the state
+    /// ([`crate::SequenceChunk::verify`]), until its accepted rows are applied.
+    pub(crate) verified: HashMap<u32, VerifiedSpan>,
+}
+
+/// A verified span's recurrent-layer inputs, kept so that the accepted rows can advance the
+/// state exactly as a pass computing only them would have.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct VerifiedSpan {
+    /// `[rows, conv channels]`: the convolution's inputs.
+    pub(crate) qkv: Vec<f32>,
+    /// `[rows, value heads]`: the decay's input (the `a` projection).
+    pub(crate) decay_in: Vec<f32>,
+    /// `[rows, value heads]`: the delta rule's beta.
+    pub(crate) beta: Vec<f32>,
+    /// The span began the sequence: its state starts from zero.
+    pub(crate) fresh: bool,
+    /// Rows applied so far.
+    pub(crate) applied: usize,
 }
 
 /// Recurrent state slots for a hybrid model.
@@ -126,6 +147,7 @@ impl StatePool {
                 Ok(LayerState {
                     conv: StateStorage::zeros(num_slots * conv_len, device)?,
                     ssm: StateStorage::zeros(num_slots * ssm_len, device)?,
+                    verified: HashMap::new(),
                 })
             })
             .collect::<Result<_>>()?;
@@ -167,6 +189,7 @@ impl StatePool {
         if from == to {
             return Ok(());
         }
+        self.discard_verified(to);
         let (from, to) = (from as usize, to as usize);
         for layer in &mut self.layers {
             layer.conv.copy_within(from * self.conv_len, to * self.conv_len, self.conv_len)?;
@@ -178,6 +201,7 @@ impl StatePool {
     /// Zeroes slot `slot`: the state before a sequence's first token.
     pub fn clear_slot(&mut self, slot: u32) -> Result<()> {
         self.check(slot)?;
+        self.discard_verified(slot);
         let slot = slot as usize;
         for layer in &mut self.layers {
             layer.conv.clear(slot * self.conv_len, self.conv_len)?;
@@ -211,6 +235,7 @@ impl StatePool {
                 self.layers.len() * per_layer
             )));
         }
+        self.discard_verified(slot);
         let slot = slot as usize;
         for (layer, values) in self.layers.iter_mut().zip(values.chunks_exact(per_layer)) {
             let (conv, ssm) = values.split_at(self.conv_len);
@@ -218,6 +243,14 @@ impl StatePool {
             layer.ssm.write(slot * self.ssm_len, ssm)?;
         }
         Ok(())
+    }
+
+    /// Forgets the drafted span last verified on `slot` (its accepted rows applied, or none
+    /// to apply): the inputs it kept are freed.
+    pub fn discard_verified(&mut self, slot: u32) {
+        for layer in &mut self.layers {
+            layer.verified.remove(&slot);
+        }
     }
 
     /// Whether the pool was made for this many recurrent layers of these sizes.

@@ -420,6 +420,7 @@ fn bad_batches_are_rejected_with_message() {
         page_table,
         logits: true,
         state_slot: None,
+        verify: false,
     };
     let cases: Vec<(&str, ForwardBatch, Vec<&str>)> = vec![
         (

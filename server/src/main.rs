@@ -4,6 +4,7 @@
 
 mod moe_args;
 mod sampling_args;
+mod spec_args;
 mod serve;
 mod template_cmd;
 

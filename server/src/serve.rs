@@ -21,6 +21,7 @@ use radix_templates::{ChatTemplate, ModelFormat, TemplateSource};
 
 use crate::moe_args::MoeArgs;
 use crate::sampling_args::SamplingArgs;
+use crate::spec_args::SpecArgs;
 
 /// Options of the server; names follow llama-server's where they mean the same.
 #[derive(Debug, clap::Args)]
@@ -134,6 +135,8 @@ pub struct ServeArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     moe: MoeArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 impl ServeArgs {
@@ -199,8 +202,9 @@ impl FetchProgress for StderrProgress {
 
 /// Loads everything, then serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    // A bad sampling flag fails before the model loads.
+    // A bad sampling or speculation flag fails before the model loads.
     args.sampling.defaults(&RecommendedSampling::default())?;
+    args.spec.config().map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(args.api_key.as_deref(), args.api_key_file.as_deref())?;
     let admin_keys = ApiKeys::load_admin(args.admin_api_key.as_deref())?;
     let recorder = match &args.record_requests {
@@ -335,6 +339,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let wanted_context = args.ctx_size.unwrap_or(model.config().max_position_embeddings);
     let context_length = wanted_context.min(capacity.saturating_sub(pool.page_size()).max(1));
     let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
+    let spec = args.spec.config().map_err(anyhow::Error::msg)?;
+    match (spec.enabled(), model.verifies_drafts()) {
+        (true, true) => eprintln!(
+            "radix-serve: speculative decoding: prompt lookup, drafts of {} to {} tokens",
+            spec.draft_min.max(1),
+            spec.draft_max
+        ),
+        (true, false) => eprintln!(
+            "radix-serve: --spec-type: a hybrid model on {device} cannot verify drafts yet (its recurrent state is \
+             advanced in place there); speculative decoding is off"
+        ),
+        _ => {}
+    }
     let config = EngineConfig {
         max_running: args.parallel.max(1),
         batch_tokens: args.batch_tokens.max(1),
@@ -342,6 +359,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_context: context_length,
         state_cache_bytes,
         snapshot_interval: args.snapshot_interval.max(1),
+        spec,
     };
     let control_spellings = ControlSpellings::new(tokenizer.special_token_texts());
     let content_controls = match args.content_control_tokens {

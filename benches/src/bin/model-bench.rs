@@ -4,7 +4,7 @@
 //! ```text
 //! model-bench --model FILE.gguf [--threads 2] [--pp 512,2048] [--tg-ctx 512,2048]
 //!             [--tg-tokens 32] [--ubatch 512] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
-//!             [--touch-kv] [--attention] [--json]
+//!             [--touch-kv] [--attention] [--verify 4,16] [--json]
 //! ```
 //!
 //! - `pp N`: N prompt tokens into an empty context in forwards of at most `--ubatch` tokens
@@ -23,6 +23,10 @@
 //! - `--attention`: also times the attention kernel alone (`write_kv` + `paged_attention` for
 //!   every layer, same shapes, same threads), to split each figure into attention and the rest.
 //! - A length of 0 in `--pp` or `--tg-ctx` is skipped (`--pp 0` times decode alone).
+//! - `--verify D`: at each `--tg-ctx`, also `--tg-tokens` speculative-decoding rounds that
+//!   verify D drafted tokens and reject them all (the last token and D drafts in one forward,
+//!   then a hybrid model's state advanced over the one accepted row): what a round of bad
+//!   drafts costs against the plain decode step that yields the same one token.
 //! - Peak RSS is `VmHWM` of `/proc/self/status` at the end.
 //!
 //! Token ids are arbitrary (`i * 7919 % vocab`): the cost does not depend on them.
@@ -73,6 +77,9 @@ struct Args {
     /// Write every KV page once, so the whole budget is resident for the RSS figure.
     #[arg(long = "touch-kv")]
     touch_kv: bool,
+    /// Draft lengths whose all-rejected verify rounds to time at each decode context.
+    #[arg(long, value_delimiter = ',')]
+    verify: Vec<usize>,
     /// Also time the attention kernel alone with the same shapes.
     #[arg(long)]
     attention: bool,
@@ -120,6 +127,30 @@ fn forward(
         anyhow::ensure!(out.dims()[0] == 1, "expected one row of logits, got {:?}", out.dims());
     }
     Ok(dt)
+}
+
+/// One speculative round whose drafts are all rejected: `span` (the last token, then drafts)
+/// verified in one forward whose first token lands at position `accepted_end - 1`, then the
+/// state advanced over that one row. Returns the seconds of both.
+fn reject_all(
+    model: &Model,
+    pool: &mut KvPool,
+    state: &mut Option<StatePool>,
+    pages: &[u32],
+    span: &[u32],
+    accepted_end: usize,
+) -> Result<f64> {
+    let context_len = accepted_end - 1 + span.len();
+    let mut batch = ForwardBatch::default();
+    batch.push_verify(span, context_len, pages[..context_len.div_ceil(pool.page_size())].to_vec(), state.as_ref().map(|_| 0));
+    let t = Instant::now();
+    let out = model.forward_with_state(&batch, pool, state.as_mut())?;
+    anyhow::ensure!(out.dims()[0] == span.len(), "expected a row of logits per verified token, got {:?}", out.dims());
+    if let Some(state) = state.as_mut() {
+        model.apply_verified(state, 0, 0..1)?;
+        state.discard_verified(0);
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// The forwards a prompt of `n` tokens is prefilled in, as the server's scheduler splits it:
@@ -296,6 +327,44 @@ fn main() -> Result<()> {
         results.push(json!({"test": format!("tg{}@d{ctx}", a.tg_tokens), "n_prompt": 0, "n_gen": a.tg_tokens,
             "depth": ctx, "seconds": s, "tokens_per_s": tps, "attention_seconds": attn,
             "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
+        for &drafted in &a.verify {
+            let times: Vec<f64> = (0..a.reps)
+                .map(|r| {
+                    (0..a.tg_tokens)
+                        .map(|i| {
+                            let span = tokens(1 + drafted, 7000 + r * 100 + i, vocab);
+                            reject_all(&model, &mut pool, &mut state, &pages, &span, ctx + i + 1)
+                        })
+                        .sum()
+                })
+                .collect::<Result<_>>()?;
+            let round = median(times);
+            // The same tokens as an ordinary forward (a prefill chunk, logits for its last row):
+            // what verifying adds beyond computing the rows is the rest.
+            let times: Vec<f64> = (0..a.reps)
+                .map(|r| {
+                    (0..a.tg_tokens)
+                        .map(|i| {
+                            let span = tokens(1 + drafted, 7000 + r * 100 + i, vocab);
+                            forward(&model, &mut pool, &mut state, &pages, &span, ctx + i + 1 + drafted, true)
+                        })
+                        .sum()
+                })
+                .collect::<Result<_>>()?;
+            let chunk = median(times);
+            eprintln!(
+                "model-bench: verify {drafted} all rejected @d{ctx}: {:.2} tok/s, {:.3}x a decode step, {:.3}x a \
+                 forward of the same {} tokens",
+                a.tg_tokens as f64 / round,
+                round / s,
+                round / chunk,
+                drafted + 1
+            );
+            results.push(json!({"test": format!("verify{drafted}@d{ctx}"), "n_prompt": 0, "n_gen": a.tg_tokens,
+                "depth": ctx, "seconds": round, "tokens_per_s": a.tg_tokens as f64 / round,
+                "over_decode_step": round / s, "over_same_forward": round / chunk, "attention_seconds": null,
+                "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
+        }
     }
 
     let peak = status_kib("VmHWM:").unwrap_or(0);

@@ -246,6 +246,7 @@ mod tests {
             page_table: Vec::new(),
             logits: true,
             state_slot,
+            verify: false,
         };
         let seqs = recurrent_sequences(&[chunk(0, 5, 5, Some(3)), chunk(5, 4, 20, Some(0)), chunk(9, 1, 31, Some(7))])
             .unwrap();

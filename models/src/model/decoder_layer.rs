@@ -71,6 +71,14 @@ impl DecoderLayer {
         matches!(self.mixer, Mixer::Attention(_))
     }
 
+    /// Its Gated DeltaNet, if it recurs.
+    pub(crate) fn delta_net(&self) -> Option<&GatedDeltaNet> {
+        match &self.mixer {
+            Mixer::DeltaNet(delta_net) => Some(delta_net),
+            Mixer::Attention(_) => None,
+        }
+    }
+
     /// The residual stream `[rows, hidden]` after this layer; the rows' K/V or recurrent state
     /// go into `cache`.
     pub(crate) fn forward(&self, x: &Tensor, ctx: &ForwardContext, cache: LayerCache) -> Result<Tensor> {

@@ -6,15 +6,20 @@
 //! copy to the host; elsewhere on its CPU kernels (on the CPU tensor path and Metal the rows
 //! travel through host memory for it, and for a pool of tensors each sequence's state too).
 
+use std::collections::HashMap;
+use std::ops::Range;
+
 use candle_core::{Device, Tensor};
 use candle_nn::ops::sigmoid;
-use radix_kernels::delta_net::{DeltaNetShape, causal_conv1d_silu, gated_delta_rule, l2_normalize, softplus};
+use radix_kernels::delta_net::{
+    DeltaNetShape, causal_conv1d_silu, gated_delta_rule, gated_delta_rule_read_only, l2_normalize, softplus,
+};
 
 use super::backend::ForwardContext;
 use crate::config::{HybridConfig, ModelConfig, ValueHeadOrder};
 use crate::error::{ModelError, Result};
 use crate::layers::{Linear, RmsNorm};
-use crate::state_pool::LayerState;
+use crate::state_pool::{LayerState, StateStorage, VerifiedSpan};
 use crate::weights::{Naming, TensorName, Weights};
 
 /// One Gated DeltaNet layer.
@@ -105,15 +110,17 @@ impl GatedDeltaNet {
     }
 
     /// Mixes the normed rows `x` (`[rows, hidden]`) of each sequence of the pass through its
-    /// recurrent state in `state`, which ends as the state after each sequence's last row.
+    /// recurrent state in `state`, which ends as the state after each sequence's last row (a
+    /// span being verified leaves its state as it was and keeps its inputs instead).
     pub(crate) fn forward(&self, x: &Tensor, ctx: &ForwardContext, state: &mut LayerState) -> Result<Tensor> {
         let n = x.dim(0)?;
         let [qkv, z, b, a]: [Tensor; 4] =
             Linear::forward_shared(&[&self.qkv, &self.z, &self.b, &self.a], x)?.try_into().expect("four projections");
         let DeltaNetShape { num_value_heads: nv, value_dim: dv, .. } = self.shape;
-        let core = match (state.conv.host_mut(), state.ssm.host_mut()) {
+        let LayerState { conv, ssm, verified } = state;
+        let core = match (conv.host_mut(), ssm.host_mut()) {
             (Some(conv), Some(ssm)) => {
-                let core = self.core_on_host(&qkv, &a, &b, ctx, &mut HostState::Slices { conv, ssm })?;
+                let core = self.core_on_host(&qkv, &a, &b, ctx, &mut HostState::Slices { conv, ssm }, verified)?;
                 Tensor::from_vec(core, (n, nv, dv), &Device::Cpu)?.to_device(x.device())?
             }
             _ => self.core_on_pool_tensors(&qkv, &a, &b, ctx, state)?.reshape((n, nv, dv))?,
@@ -135,20 +142,30 @@ impl GatedDeltaNet {
     ) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let (Some(batch), Some([conv_w, rate, bias])) = (ctx.recurrent_batch(), &self.device_params) {
+            if ctx.chunks().iter().any(|c| c.verify) {
+                return Err(ModelError::Batch(
+                    "drafted tokens of a hybrid model are verified on the CPU path only (the CUDA kernels advance \
+                     the state in place)"
+                        .into(),
+                ));
+            }
             let (Some(conv_state), Some(ssm_state)) = (state.conv.tensor(), state.ssm.tensor()) else {
                 return Err(ModelError::KvPool("the state pool is in host memory but the pass runs on CUDA".into()));
             };
             let mixed = batch.conv(qkv, conv_w, self.conv_kernel, conv_state)?;
             return Ok(batch.rule(&self.shape, &mixed, a, b, rate, bias, ssm_state)?);
         }
-        let core = self.core_on_host(qkv, a, b, ctx, &mut HostState::Pool(state))?;
+        let mut verified = std::mem::take(&mut state.verified);
+        let core = self.core_on_host(qkv, a, b, ctx, &mut HostState::Pool(state), &mut verified);
+        state.verified = verified;
         let n = qkv.dim(0)?;
-        Ok(Tensor::from_vec(core, (n, self.shape.num_value_heads * self.shape.value_dim), &Device::Cpu)?
+        Ok(Tensor::from_vec(core?, (n, self.shape.num_value_heads * self.shape.value_dim), &Device::Cpu)?
             .to_device(qkv.device())?)
     }
 
     /// The convolution and the delta rule on radix-kernels' CPU kernels, each sequence on its
-    /// slot of `state`: `[rows, value heads, value_dim]` in host memory.
+    /// slot of `state`: `[rows, value heads, value_dim]` in host memory. A span being verified
+    /// reads its slot without advancing it, and its inputs go into `verified`.
     fn core_on_host(
         &self,
         qkv: &Tensor,
@@ -156,65 +173,149 @@ impl GatedDeltaNet {
         b: &Tensor,
         ctx: &ForwardContext,
         state: &mut HostState,
+        verified: &mut HashMap<u32, VerifiedSpan>,
     ) -> Result<Vec<f32>> {
         let n = qkv.dim(0)?;
-        let DeltaNetShape { num_key_heads: nk, num_value_heads: nv, key_dim: dk, value_dim: dv, .. } = self.shape;
-        let channels = 2 * nk * dk + nv * dv;
+        let DeltaNetShape { num_value_heads: nv, value_dim: dv, .. } = self.shape;
+        let channels = self.channels();
         let qkv = qkv.flatten_all()?.to_vec1::<f32>()?;
         let beta = sigmoid(b)?.flatten_all()?.to_vec1::<f32>()?;
         let decay_in = a.flatten_all()?.to_vec1::<f32>()?;
-        let (conv_len, ssm_len) = ((self.conv_kernel - 1) * channels, self.shape.state_len());
         let mut core = vec![0.0f32; n * nv * dv];
         for chunk in ctx.chunks() {
             let slot = chunk
                 .state_slot
-                .ok_or_else(|| ModelError::Batch("a sequence of a hybrid model's batch has no state slot".into()))?
-                as usize;
-            let mut copies: Option<(Vec<f32>, Vec<f32>)> = None;
-            let (conv_state, ssm_state): (&mut [f32], &mut [f32]) = match state {
-                HostState::Slices { conv, ssm } => {
-                    (&mut conv[slot * conv_len..(slot + 1) * conv_len], &mut ssm[slot * ssm_len..(slot + 1) * ssm_len])
-                }
-                HostState::Pool(pool) => {
-                    let (c, s) = copies
-                        .insert((pool.conv.read(slot * conv_len, conv_len)?, pool.ssm.read(slot * ssm_len, ssm_len)?));
-                    (c, s)
-                }
-            };
-            if chunk.context_len == chunk.len {
-                conv_state.fill(0.0);
-                ssm_state.fill(0.0);
-            }
+                .ok_or_else(|| ModelError::Batch("a sequence of a hybrid model's batch has no state slot".into()))?;
             let rows = chunk.start..chunk.start + chunk.len;
-            let mut mixed = vec![0.0f32; chunk.len * channels];
-            let input = &qkv[rows.start * channels..rows.end * channels];
-            causal_conv1d_silu(input, &self.conv, self.conv_kernel, conv_state, &mut mixed)?;
-            let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-            for row in mixed.chunks_exact(channels) {
-                q.extend_from_slice(&row[..nk * dk]);
-                k.extend_from_slice(&row[nk * dk..2 * nk * dk]);
-                v.extend_from_slice(&row[2 * nk * dk..]);
-            }
-            // As transformers (and the FLA kernels it follows): x / sqrt(sum x^2 + 1e-6), and q
-            // scaled by 1 / sqrt(key_dim).
-            l2_normalize(&mut q, dk, 1.0 / (dk as f32).sqrt());
-            l2_normalize(&mut k, dk, 1.0);
-            let mut g = Vec::with_capacity(chunk.len * nv);
-            for row in decay_in[rows.start * nv..rows.end * nv].chunks_exact(nv) {
-                for (h, &x) in row.iter().enumerate() {
-                    g.push(self.neg_decay_rate[h] * softplus(x + self.dt_bias[h]));
-                }
-            }
+            let span = VerifiedSpan {
+                qkv: qkv[rows.start * channels..rows.end * channels].to_vec(),
+                decay_in: decay_in[rows.start * nv..rows.end * nv].to_vec(),
+                beta: beta[rows.start * nv..rows.end * nv].to_vec(),
+                fresh: chunk.context_len == chunk.len,
+                applied: 0,
+            };
             let out = &mut core[rows.start * nv * dv..rows.end * nv * dv];
-            let beta = &beta[rows.start * nv..rows.end * nv];
-            gated_delta_rule(&self.shape, &q, &k, &v, &g, beta, ssm_state, out)?;
-            if let (Some((c, s)), HostState::Pool(pool)) = (&copies, &mut *state) {
-                pool.conv.write(slot * conv_len, c)?;
-                pool.ssm.write(slot * ssm_len, s)?;
+            let mut slot_state = state.slot(slot as usize, self.conv_state_len(), self.shape.state_len())?;
+            let (conv_state, ssm_state) = slot_state.parts();
+            if chunk.verify {
+                // The state is only read: the rows after the first rejected draft must not
+                // leave a trace in it.
+                let (mut conv_copy, zero_ssm);
+                let ssm_state: &[f32] = if span.fresh {
+                    conv_copy = vec![0.0; conv_state.len()];
+                    zero_ssm = vec![0.0; ssm_state.len()];
+                    &zero_ssm
+                } else {
+                    conv_copy = conv_state.to_vec();
+                    ssm_state
+                };
+                self.mix(&span, 0..chunk.len, &mut conv_copy, Ssm::ReadOnly(ssm_state), out)?;
+                verified.insert(slot, span);
+            } else {
+                if span.fresh {
+                    conv_state.fill(0.0);
+                    ssm_state.fill(0.0);
+                }
+                self.mix(&span, 0..chunk.len, conv_state, Ssm::Advance(ssm_state), out)?;
+                verified.remove(&slot);
+                let copy = slot_state.into_copy();
+                state.write_back(copy)?;
             }
         }
         Ok(core)
     }
+
+    /// Advances `slot`'s state over rows `rows` of the span last verified there: bitwise the
+    /// state a pass computing just those rows would leave. Calls continue one another from
+    /// row 0; the span is forgotten once its last row is applied.
+    pub(crate) fn apply_verified(&self, state: &mut LayerState, slot: u32, rows: Range<usize>) -> Result<()> {
+        let span = state
+            .verified
+            .get(&slot)
+            .ok_or_else(|| ModelError::Batch(format!("no verified span on state slot {slot} to apply")))?;
+        let len = span.decay_in.len() / self.shape.num_value_heads;
+        if rows.start != span.applied || rows.end > len || rows.start > rows.end {
+            return Err(ModelError::Batch(format!(
+                "rows {rows:?} of a verified span of {len} rows, {} of them applied",
+                span.applied
+            )));
+        }
+        let mut span = state.verified.remove(&slot).expect("found above");
+        let mut host = HostState::of(state);
+        let mut slot_state = host.slot(slot as usize, self.conv_state_len(), self.shape.state_len())?;
+        let (conv_state, ssm_state) = slot_state.parts();
+        if span.fresh && span.applied == 0 {
+            conv_state.fill(0.0);
+            ssm_state.fill(0.0);
+        }
+        let mut out = vec![0.0f32; rows.len() * self.shape.num_value_heads * self.shape.value_dim];
+        self.mix(&span, rows.clone(), conv_state, Ssm::Advance(ssm_state), &mut out)?;
+        let copy = slot_state.into_copy();
+        host.write_back(copy)?;
+        span.applied = rows.end;
+        if span.applied < len {
+            state.verified.insert(slot, span);
+        }
+        Ok(())
+    }
+
+    /// The convolution, the L2 norms, the decay and the delta rule over rows `rows` of one
+    /// sequence's `span`, from `conv_state` (updated) and `ssm`; the rule's outputs into `out`.
+    /// The one path every pass and every applied verification takes, so that they agree bit
+    /// for bit.
+    fn mix(
+        &self,
+        span: &VerifiedSpan,
+        rows: Range<usize>,
+        conv_state: &mut [f32],
+        ssm: Ssm,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let DeltaNetShape { num_key_heads: nk, num_value_heads: nv, key_dim: dk, .. } = self.shape;
+        let channels = self.channels();
+        let input = &span.qkv[rows.start * channels..rows.end * channels];
+        let mut mixed = vec![0.0f32; input.len()];
+        causal_conv1d_silu(input, &self.conv, self.conv_kernel, conv_state, &mut mixed)?;
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for row in mixed.chunks_exact(channels) {
+            q.extend_from_slice(&row[..nk * dk]);
+            k.extend_from_slice(&row[nk * dk..2 * nk * dk]);
+            v.extend_from_slice(&row[2 * nk * dk..]);
+        }
+        // As transformers (and the FLA kernels it follows): x / sqrt(sum x^2 + 1e-6), and q
+        // scaled by 1 / sqrt(key_dim).
+        l2_normalize(&mut q, dk, 1.0 / (dk as f32).sqrt());
+        l2_normalize(&mut k, dk, 1.0);
+        let mut g = Vec::with_capacity(rows.len() * nv);
+        for row in span.decay_in[rows.start * nv..rows.end * nv].chunks_exact(nv) {
+            for (h, &x) in row.iter().enumerate() {
+                g.push(self.neg_decay_rate[h] * softplus(x + self.dt_bias[h]));
+            }
+        }
+        let beta = &span.beta[rows.start * nv..rows.end * nv];
+        match ssm {
+            Ssm::Advance(state) => gated_delta_rule(&self.shape, &q, &k, &v, &g, beta, state, out)?,
+            Ssm::ReadOnly(state) => gated_delta_rule_read_only(&self.shape, &q, &k, &v, &g, beta, state, out)?,
+        }
+        Ok(())
+    }
+
+    /// Channels of the convolution: q, k and v.
+    fn channels(&self) -> usize {
+        let DeltaNetShape { num_key_heads: nk, num_value_heads: nv, key_dim: dk, value_dim: dv, .. } = self.shape;
+        2 * nk * dk + nv * dv
+    }
+
+    /// f32 values of one slot's convolution state.
+    fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.channels()
+    }
+}
+
+/// The delta rule's state for [`GatedDeltaNet::mix`]: advanced in place, or only read.
+enum Ssm<'a> {
+    Advance(&'a mut [f32]),
+    ReadOnly(&'a [f32]),
 }
 
 /// Where [`GatedDeltaNet::core_on_host`] finds each sequence's state: the host pool's slices
@@ -222,4 +323,67 @@ impl GatedDeltaNet {
 enum HostState<'a> {
     Slices { conv: &'a mut [f32], ssm: &'a mut [f32] },
     Pool(&'a mut LayerState),
+}
+
+impl HostState<'_> {
+    /// Slot `slot`'s conv and SSM state (of these lengths) to work on.
+    fn slot(&mut self, slot: usize, conv_len: usize, ssm_len: usize) -> Result<SlotState<'_>> {
+        Ok(match self {
+            HostState::Slices { conv, ssm } => SlotState::InPlace {
+                conv: &mut conv[slot * conv_len..(slot + 1) * conv_len],
+                ssm: &mut ssm[slot * ssm_len..(slot + 1) * ssm_len],
+            },
+            HostState::Pool(pool) => SlotState::Copied {
+                conv: pool.conv.read(slot * conv_len, conv_len)?,
+                ssm: pool.ssm.read(slot * ssm_len, ssm_len)?,
+                slot,
+            },
+        })
+    }
+}
+
+/// One slot's state as [`HostState::slot`] hands it out.
+enum SlotState<'a> {
+    InPlace { conv: &'a mut [f32], ssm: &'a mut [f32] },
+    Copied { conv: Vec<f32>, ssm: Vec<f32>, slot: usize },
+}
+
+impl SlotState<'_> {
+    fn parts(&mut self) -> (&mut [f32], &mut [f32]) {
+        match self {
+            SlotState::InPlace { conv, ssm } => (conv, ssm),
+            SlotState::Copied { conv, ssm, .. } => (conv, ssm),
+        }
+    }
+
+    /// A copied slot's values, to write back with [`HostState::write_back`]; `None` for a
+    /// slot worked on in place.
+    fn into_copy(self) -> Option<(usize, Vec<f32>, Vec<f32>)> {
+        match self {
+            SlotState::InPlace { .. } => None,
+            SlotState::Copied { conv, ssm, slot } => Some((slot, conv, ssm)),
+        }
+    }
+}
+
+impl HostState<'_> {
+    /// Writes a slot copied out by [`HostState::slot`] back into its pool of tensors.
+    fn write_back(&mut self, copy: Option<(usize, Vec<f32>, Vec<f32>)>) -> Result<()> {
+        if let (Some((slot, conv, ssm)), HostState::Pool(pool)) = (copy, self) {
+            pool.conv.write(slot * conv.len(), &conv)?;
+            pool.ssm.write(slot * ssm.len(), &ssm)?;
+        }
+        Ok(())
+    }
+
+    /// `state` as the CPU kernels work on it: its host slices, or a pool of tensors.
+    fn of(state: &mut LayerState) -> HostState<'_> {
+        if let LayerState { conv: StateStorage::Host(_), ssm: StateStorage::Host(_), .. } = state {
+            let LayerState { conv: StateStorage::Host(conv), ssm: StateStorage::Host(ssm), .. } = state else {
+                unreachable!("matched just above")
+            };
+            return HostState::Slices { conv, ssm };
+        }
+        HostState::Pool(state)
+    }
 }

@@ -130,6 +130,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         stop_tokens: state.stop_tokens.clone(),
         stop_strings: output.stop.0.clone(),
         use_cache: output.use_cache(),
+        draft_max: output.draft_max()?,
         constraint,
         tenant,
         cache_namespace: output.cache_namespace(),

@@ -56,6 +56,7 @@ pub(super) fn text_spec(
         stop_tokens: state.stop_tokens.clone(),
         stop_strings: output.stop.0.clone(),
         use_cache: output.use_cache(),
+        draft_max: output.draft_max()?,
         constraint: None,
         tenant,
         cache_namespace: output.cache_namespace(),

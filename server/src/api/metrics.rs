@@ -83,6 +83,13 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
         ("radix_serve_cached_tokens_total", "Prompt tokens found in the prefix cache.", m.cached_tokens),
         ("radix_serve_prefill_tokens_total", "Prompt tokens computed (not found in the cache).", m.prefill_tokens),
         ("radix_serve_generated_tokens_total", "Tokens generated.", m.generated_tokens),
+        ("radix_serve_spec_rounds_total", "Speculative decoding: verify passes over drafted tokens.", m.spec_rounds),
+        ("radix_serve_spec_drafted_tokens_total", "Speculative decoding: tokens drafted.", m.spec_drafted_tokens),
+        (
+            "radix_serve_spec_accepted_tokens_total",
+            "Speculative decoding: drafted tokens the model accepted.",
+            m.spec_accepted_tokens,
+        ),
         ("radix_serve_cache_evicted_pages_total", "KV pages evicted from the prefix cache.", m.evicted_pages),
         ("radix_serve_cache_evicted_tokens_total", "Tokens of the KV pages evicted.", m.evicted_tokens),
         ("radix_serve_cache_evicted_snapshots_total", "Recurrent-state snapshots evicted.", m.evicted_snapshots),

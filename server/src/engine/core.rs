@@ -14,8 +14,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::cache::{Placement, RequestCache};
 use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
 use super::disk_tier::DiskTier;
+use super::draft::{SpecConfig, SpecType};
 use super::metrics::EngineMetrics;
-use super::postprocess::{Logits, Postprocess};
+use super::postprocess::{Logits, Postprocess, Verified};
 use super::request::{EngineEvent, FinishReason, GenerateRequest};
 use super::scheduler::{Member, Scheduler};
 use super::sequence::{Ending, Sequence};
@@ -38,6 +39,8 @@ pub struct EngineConfig {
     /// Hybrid models: a snapshot at least every this many prompt tokens (`--snapshot-interval`),
     /// so that a long message is not recomputed whole when a prompt diverges inside it.
     pub snapshot_interval: usize,
+    /// Speculative decoding (`--spec-type` and its limits); off by default.
+    pub spec: SpecConfig,
 }
 
 impl EngineConfig {
@@ -50,6 +53,7 @@ impl EngineConfig {
             max_context,
             state_cache_bytes: 256 << 20,
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            spec: SpecConfig::default(),
         }
     }
 }
@@ -77,6 +81,8 @@ pub struct EngineCore {
     /// Recently computed sequences, to explain cache misses.
     recent: RecentSequences,
     metrics: EngineMetrics,
+    /// Speculative decoding's settings (off where the model cannot verify drafts).
+    spec: SpecConfig,
     /// A prompt token that makes a step panic (debug builds, `RADIX_SERVE_FAULT_TOKEN`): how the
     /// end-to-end tests show that a failed step fails its batch and nothing else.
     fault_token: Option<u32>,
@@ -102,7 +108,12 @@ impl EngineCore {
             .then(|| model.new_state_pool(slots + snapshot_slots).expect("a hybrid model's config makes a state pool"));
         let state = state.map(|pool| (pool, slot_bytes));
         let cache = RequestCache::new(pool, state, slots, config.prefix_cache, config.snapshot_interval);
+        let spec = match model.verifies_drafts() {
+            true => config.spec,
+            false => SpecConfig { spec_type: SpecType::None, ..config.spec },
+        };
         EngineCore {
+            spec,
             model,
             scheduler: Scheduler::new(slots, config.batch_tokens),
             cache,
@@ -149,7 +160,7 @@ impl EngineCore {
             return;
         }
         let text = self.postprocess.text(&request);
-        self.scheduler.add(Sequence::new(request, events, text));
+        self.scheduler.add(Sequence::new(request, events, text, self.spec));
     }
 
     /// Nothing to do.
@@ -211,14 +222,24 @@ impl EngineCore {
                 return;
             }
         };
-        for member in &members {
+        for member in members.iter().filter(|m| m.drafted == 0) {
             self.cache.advance(&mut self.scheduler.running_mut()[member.index], member.end);
         }
         let argmax = || logits.argmax(1).and_then(|ids| ids.to_vec1::<u32>()).map_err(|e| e.to_string());
         let row = |i: usize| logits.get(i).and_then(|r| r.to_vec1::<f32>()).map_err(|e| e.to_string());
         let on_device = !logits.device().is_cpu() && logits.dim(0).unwrap_or(0) > 0;
         let logits = Logits { on_device, argmax: &argmax, row: &row };
-        let ends = self.postprocess.run(&logits, &members, self.scheduler.running_mut());
+        let outcome = self.postprocess.run(&logits, &members, self.scheduler.running_mut());
+        let mut ends = outcome.ends;
+        for Verified { index, rows, drafted, accepted } in outcome.verified {
+            let seq = &mut self.scheduler.running_mut()[index];
+            let end = seq.lease().computed() + rows;
+            self.metrics.observe_draft(drafted, accepted);
+            if let Err(message) = self.cache.accept_verified(seq, end, &self.model) {
+                ends.retain(|&(i, _)| i != index);
+                ends.push((index, Ending::Failed(message)));
+            }
+        }
         self.cache.write_through();
         for (seq, ending) in self.scheduler.remove(ends) {
             self.finish(seq, ending);
@@ -236,6 +257,7 @@ impl EngineCore {
         for seq in self.scheduler.grow_decode_pages(&mut self.cache) {
             self.finish(seq, Ending::Finished(FinishReason::Length));
         }
+        self.scheduler.draft(&mut self.cache, self.postprocess.max_context());
         let (batch, members) = self.scheduler.build_batch();
         (!batch.tokens.is_empty()).then_some((batch, members))
     }
@@ -263,7 +285,14 @@ impl EngineCore {
         match ending {
             Ending::Finished(reason) => {
                 let text = seq.finish_text();
-                let _ = seq.send(EngineEvent::Finished { reason, timings: seq.timings(now), text });
+                let timings = seq.timings(now);
+                if timings.draft_n > 0 {
+                    eprintln!(
+                        "radix-serve: speculative: {} of {} drafted tokens accepted; {} tokens in {:.0} ms",
+                        timings.draft_n_accepted, timings.draft_n, timings.predicted_n, timings.predicted_ms
+                    );
+                }
+                let _ = seq.send(EngineEvent::Finished { reason, timings, text });
             }
             Ending::Failed(message) => {
                 let _ = seq.send(EngineEvent::Failed(message));
@@ -276,11 +305,14 @@ impl EngineCore {
     }
 
     /// Cuts the running sequence at `index` (in admission order) back to its first `len`
-    /// tokens ([`RequestCache::truncate`]): what speculative decoding does with a rejected
-    /// draft. On an error nothing changed.
+    /// tokens ([`RequestCache::truncate`]). On an error nothing changed.
     #[cfg_attr(
         not(test),
-        expect(dead_code, reason = "speculative decoding (issue 33) is to call it; cache/tests.rs does")
+        expect(
+            dead_code,
+            reason = "no caller yet: speculative decoding keeps drafts out of the sequence and never truncates; \
+                      cache/tests.rs tests it"
+        )
     )]
     pub(crate) fn truncate_running(&mut self, index: usize, len: usize) -> Result<(), String> {
         let seq = self.scheduler.running_mut().get_mut(index).ok_or_else(|| format!("no running sequence {index}"))?;

@@ -66,6 +66,12 @@ pub struct EngineMetrics {
     pub queue_time: Histogram,
     /// The disk tier (`--cache-dir`), all zero without one.
     pub disk: DiskMetrics,
+    /// Speculative decoding: verify passes over drafted tokens.
+    pub spec_rounds: u64,
+    /// Tokens drafted for them.
+    pub spec_drafted_tokens: u64,
+    /// Of which the model accepted.
+    pub spec_accepted_tokens: u64,
 }
 
 /// The disk tier's totals since start-up.
@@ -132,11 +138,21 @@ impl Default for EngineMetrics {
             time_per_output_token: Histogram::new(TOKEN_BOUNDS),
             queue_time: Histogram::new(LATENCY_BOUNDS),
             disk: DiskMetrics::default(),
+            spec_rounds: 0,
+            spec_drafted_tokens: 0,
+            spec_accepted_tokens: 0,
         }
     }
 }
 
 impl EngineMetrics {
+    /// Counts a verify pass over `drafted` tokens of which the model accepted `accepted`.
+    pub(crate) fn observe_draft(&mut self, drafted: usize, accepted: usize) {
+        self.spec_rounds += 1;
+        self.spec_drafted_tokens += drafted as u64;
+        self.spec_accepted_tokens += accepted as u64;
+    }
+
     /// Counts an admitted request: its prompt, how much of it the cache held, how long it waited.
     pub(crate) fn observe_admission(&mut self, prompt: usize, cached: usize, queued: Duration) {
         self.requests_admitted += 1;

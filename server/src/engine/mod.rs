@@ -6,6 +6,7 @@
 //! across evictions and restarts) owns every page and slot a request holds.
 
 mod cache;
+pub mod draft;
 pub mod cache_key;
 pub mod cache_report;
 pub mod constraint;

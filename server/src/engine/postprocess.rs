@@ -27,6 +27,29 @@ pub(crate) struct Logits<'a> {
 /// log-probabilities are computed from, before masks and penalties change the row.
 type RawRow = Option<(Vec<f32>, usize)>;
 
+/// What a step's postprocess decided.
+#[derive(Debug, Default)]
+pub(crate) struct StepOutcome {
+    /// Running indices of the sequences that end here, with how.
+    pub(crate) ends: Vec<(usize, Ending)>,
+    /// Each member that verified a draft.
+    pub(crate) verified: Vec<Verified>,
+}
+
+/// How one member's draft fared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verified {
+    /// Its running index.
+    pub(crate) index: usize,
+    /// Rows that hold accepted tokens (its last token's and one per accepted draft), whose K/V
+    /// and state stand.
+    pub(crate) rows: usize,
+    /// Tokens drafted.
+    pub(crate) drafted: usize,
+    /// Of which accepted.
+    pub(crate) accepted: usize,
+}
+
 /// Turns logits into tokens, events and endings.
 #[derive(Debug)]
 pub(crate) struct Postprocess {
@@ -41,32 +64,67 @@ impl Postprocess {
         Postprocess { tokenizer, max_context }
     }
 
+    /// Longest context a sequence may reach.
+    pub(crate) fn max_context(&self) -> usize {
+        self.max_context
+    }
+
     /// The output text of a new request, with its stop strings.
     pub(crate) fn text(&self, request: &GenerateRequest) -> StopText {
         StopText::new(Arc::clone(&self.tokenizer), &request.stop_strings)
     }
 
     /// Picks the next token of every member that has a logits row, tells its client, and
-    /// returns the running indices of the sequences that end here, with how.
-    pub(crate) fn run(&self, logits: &Logits, members: &[Member], running: &mut [Sequence]) -> Vec<(usize, Ending)> {
+    /// returns how the step went: the sequences that end here, and how many rows of each
+    /// verified draft hold accepted tokens.
+    ///
+    /// A member with a draft has a row for its last token and one per drafted token. Its rows
+    /// are taken in order, each exactly as a decode step's (masked, penalised, sampled from the
+    /// sampler's one stream, its token accepted, its text matched against stop strings): while
+    /// the token picked equals the draft's next token the next row is valid and is taken too;
+    /// the first token that differs, or an ending, closes the round. So the tokens are those
+    /// plain decoding would give, sampled ones included, and a rejected draft never reaches the
+    /// client.
+    pub(crate) fn run(&self, logits: &Logits, members: &[Member], running: &mut [Sequence]) -> StepOutcome {
         // Asked for once, when the first plain greedy row needs it; `None` inside means the
         // device could not answer and rows are read back instead.
         let mut device_argmax: Option<Option<Vec<u32>>> = None;
-        let mut ends = Vec::new();
-        for (row, member) in members.iter().filter(|m| m.wants_logits).enumerate() {
+        let mut outcome = StepOutcome::default();
+        let mut first_row = 0;
+        for member in members.iter().filter(|m| m.wants_logits) {
             let seq = &mut running[member.index];
-            let ending = match self.next_token(seq, logits, row, &mut device_argmax) {
-                Ok((token, raw)) => {
-                    let logprobs = raw.map(|(raw, top)| TokenLogprobs::from_logits(&raw, token, top));
-                    seq.accept(token, logprobs, self.max_context)
+            let draft = seq.draft()[..member.drafted].to_vec();
+            let (mut rows, mut accepted, mut ending) = (0, 0, None);
+            for (row, drafted) in (first_row..).zip(draft.iter().map(Some).chain([None])) {
+                rows += 1;
+                let token = match self.next_token(seq, logits, row, &mut device_argmax) {
+                    Ok((token, raw)) => {
+                        let logprobs = raw.map(|(raw, top)| TokenLogprobs::from_logits(&raw, token, top));
+                        ending = seq.accept(token, logprobs, self.max_context);
+                        token
+                    }
+                    Err(message) => {
+                        ending = Some(Ending::Failed(message));
+                        break;
+                    }
+                };
+                if drafted == Some(&token) {
+                    accepted += 1;
                 }
-                Err(message) => Some(Ending::Failed(message)),
-            };
+                if ending.is_some() || drafted != Some(&token) {
+                    break;
+                }
+            }
+            first_row += member.drafted + 1;
+            if member.drafted > 0 {
+                seq.draft_verified(accepted);
+                outcome.verified.push(Verified { index: member.index, rows, drafted: member.drafted, accepted });
+            }
             if let Some(ending) = ending {
-                ends.push((member.index, ending));
+                outcome.ends.push((member.index, ending));
             }
         }
-        ends
+        outcome
     }
 
     /// The sequence's next token and, when it asked for log-probabilities, the raw logits row

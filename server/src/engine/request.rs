@@ -41,6 +41,10 @@ pub struct GenerateRequest {
     /// history, the generation prompt. Their snapshots are given up after every redundant one
     /// (`radix/snapshots.rs`).
     pub expected_points: Vec<usize>,
+    /// When the server speculates (`--spec-type`): most tokens drafted ahead per step for
+    /// this request, `Some(0)` opting it out; `None` takes the server's limit. The output is the
+    /// same either way.
+    pub draft_max: Option<usize>,
 }
 
 /// Why a sequence ended.
@@ -67,6 +71,10 @@ pub struct Timings {
     pub predicted_n: usize,
     /// Milliseconds from the first token to the last.
     pub predicted_ms: f64,
+    /// Tokens drafted by speculative decoding.
+    pub draft_n: usize,
+    /// Of which the model accepted.
+    pub draft_n_accepted: usize,
 }
 
 /// Engine to HTTP messages of one request, in order.

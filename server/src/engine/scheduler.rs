@@ -22,6 +22,10 @@ pub(crate) struct Member {
     pub(crate) end: usize,
     /// The pass yields a logits row for it (its last token is computed), in member order.
     pub(crate) wants_logits: bool,
+    /// Drafted tokens verified after its last one (speculative decoding): the pass yields a
+    /// logits row for each of them too, and the cache learns after the postprocess how many
+    /// were accepted.
+    pub(crate) drafted: usize,
 }
 
 /// The waiting queue and the running set.
@@ -148,21 +152,47 @@ impl Scheduler {
         self.remove_where(|s| !cache.grow(s))
     }
 
-    /// Decode tokens first (one per sequence), then prefill chunks within the token budget.
+    /// Drafts tokens for the decoding sequences that speculate, within what the batch's token
+    /// budget leaves beside one token per decoding sequence, their `max_tokens`, the context
+    /// (`max_context`) and the pages the pool can give for them.
+    pub(crate) fn draft(&mut self, cache: &mut RequestCache, max_context: usize) {
+        let decoding = self.running.iter().filter(|s| s.decoding()).count();
+        let mut budget = self.batch_tokens.saturating_sub(decoding);
+        for seq in self.running.iter_mut().filter(|s| s.decoding()) {
+            let limit = budget.min(seq.draft_room(max_context));
+            let drafted = seq.propose_draft(limit);
+            if drafted > 0 {
+                let held = cache.reserve_draft(seq, drafted);
+                seq.cut_draft(held);
+                budget -= held;
+            }
+        }
+    }
+
+    /// Decode tokens first (one per sequence, with its draft to verify), then prefill chunks
+    /// within the token budget.
     pub(crate) fn build_batch(&self) -> (ForwardBatch, Vec<Member>) {
         let mut batch = ForwardBatch::default();
         let mut members = Vec::new();
         let mut budget = self.batch_tokens;
-        let decoding = |s: &Sequence| s.tokens().len() - s.lease().computed() == 1;
         let order = (0..self.running.len())
-            .filter(|&i| decoding(&self.running[i]))
-            .chain((0..self.running.len()).filter(|&i| !decoding(&self.running[i])));
+            .filter(|&i| self.running[i].decoding())
+            .chain((0..self.running.len()).filter(|&i| !self.running[i].decoding()));
         for index in order {
             if budget == 0 {
                 break;
             }
             let (seq, lease) = (&self.running[index], self.running[index].lease());
             let (tokens, computed) = (seq.tokens(), lease.computed());
+            let draft = seq.draft();
+            if !draft.is_empty() && draft.len() < budget {
+                let span: Vec<u32> = tokens[computed..].iter().chain(draft).copied().collect();
+                let end = tokens.len() + draft.len();
+                batch.push_verify(&span, end, lease.pages().to_vec(), lease.state_slot());
+                budget -= span.len();
+                members.push(Member { index, end, wants_logits: true, drafted: draft.len() });
+                continue;
+            }
             let mut end = tokens.len().min(computed + budget);
             // A chunk ends at the next snapshot point, so the state there can be saved.
             if let Some(point) = lease.next_snapshot_point() {
@@ -177,7 +207,7 @@ impl Scheduler {
                 lease.state_slot(),
             );
             budget -= end - computed;
-            members.push(Member { index, end, wants_logits });
+            members.push(Member { index, end, wants_logits, drafted: 0 });
         }
         (batch, members)
     }

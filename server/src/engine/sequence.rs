@@ -8,6 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::lease::CacheLease;
 use super::cache_key::CacheKey;
+use super::draft::{Drafter, SpecConfig};
 use super::request::{EngineEvent, FinishReason, GenerateRequest, Timings, TokenLogprobs};
 use super::sampler::Sampler;
 use super::stop::StopText;
@@ -28,6 +29,8 @@ pub(crate) struct Sequence {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     lease: CacheLease,
+    /// Speculative decoding's drafts, when the server and the request speculate.
+    drafter: Option<Drafter>,
 }
 
 /// How a running sequence ends; every ending goes through the engine's one finish path.
@@ -61,9 +64,17 @@ impl SequenceView<'_> {
 }
 
 impl Sequence {
-    /// A request just arrived, waiting for admission; `text` decodes its output.
-    pub(crate) fn new(request: GenerateRequest, events: UnboundedSender<EngineEvent>, text: StopText) -> Self {
+    /// A request just arrived, waiting for admission; `text` decodes its output. It drafts
+    /// tokens ahead with `spec` when that is on, within the request's own limit.
+    pub(crate) fn new(
+        request: GenerateRequest,
+        events: UnboundedSender<EngineEvent>,
+        text: StopText,
+        spec: SpecConfig,
+    ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt);
+        let spec = SpecConfig { draft_max: request.draft_max.unwrap_or(spec.draft_max).min(spec.draft_max), ..spec };
+        let drafter = spec.enabled().then(|| Drafter::new(spec));
         Sequence {
             tokens: request.prompt.clone(),
             prompt_len: request.prompt.len(),
@@ -75,6 +86,7 @@ impl Sequence {
             admitted: None,
             first_token: None,
             lease: CacheLease::default(),
+            drafter,
         }
     }
 
@@ -230,6 +242,47 @@ impl Sequence {
         Ok(())
     }
 
+    /// Whether it is decoding: every token but the last computed.
+    pub(crate) fn decoding(&self) -> bool {
+        self.tokens.len() - self.lease.computed() == 1
+    }
+
+    /// Drafts at most `limit` tokens to verify after its last one this step (none when it does
+    /// not speculate or nothing fits); returns how many.
+    pub(crate) fn propose_draft(&mut self, limit: usize) -> usize {
+        match self.drafter.as_mut() {
+            Some(drafter) if limit > 0 => drafter.propose(&self.tokens, limit).len(),
+            _ => 0,
+        }
+    }
+
+    /// The tokens drafted for this step (empty: a plain decode step).
+    pub(crate) fn draft(&self) -> &[u32] {
+        self.drafter.as_ref().map_or(&[], Drafter::draft)
+    }
+
+    /// Keeps only the first `len` drafted tokens (the pool had pages for no more).
+    pub(crate) fn cut_draft(&mut self, len: usize) {
+        if let Some(drafter) = self.drafter.as_mut() {
+            drafter.cut(len);
+        }
+    }
+
+    /// After the verify pass: the first `accepted` drafted tokens were taken.
+    pub(crate) fn draft_verified(&mut self, accepted: usize) {
+        if let Some(drafter) = self.drafter.as_mut() {
+            drafter.verified(accepted);
+        }
+    }
+
+    /// Most tokens it may still draft: the accepted ones and the token after them must stay
+    /// within `max_tokens` and `max_context`.
+    pub(crate) fn draft_room(&self, max_context: usize) -> usize {
+        let by_tokens = self.request.max_tokens.saturating_sub(self.generated() + 1);
+        let by_context = max_context.saturating_sub(self.tokens.len() + 1);
+        by_tokens.min(by_context)
+    }
+
     /// Timings in llama.cpp's terms, as of `now`.
     pub(crate) fn timings(&self, now: Instant) -> Timings {
         let admitted = self.admitted.unwrap_or(self.arrived);
@@ -241,6 +294,8 @@ impl Sequence {
             prompt_ms: first.duration_since(admitted).as_secs_f64() * 1e3,
             predicted_n: self.generated(),
             predicted_ms: now.duration_since(first).as_secs_f64() * 1e3,
+            draft_n: self.drafter.as_ref().map_or(0, |d| d.counts().0),
+            draft_n_accepted: self.drafter.as_ref().map_or(0, |d| d.counts().1),
         }
     }
 }

@@ -116,6 +116,12 @@ pub(crate) struct GenerationFields {
     /// Reuse only prefixes cached by requests with the same salt (vLLM's name); it also
     /// separates the cache report from other clients' where no API key does.
     pub(crate) cache_salt: Option<String>,
+    /// Speculative decoding where the server does it (`--spec-type`): `false` opts this
+    /// request out (the output is the same either way, only its speed changes).
+    pub(crate) speculative: Option<bool>,
+    /// llama.cpp's per-request draft limit: most tokens drafted per step, 0 opting out.
+    #[serde(rename = "speculative.n_max")]
+    pub(crate) speculative_n_max: Option<i64>,
 }
 
 impl GenerationFields {
@@ -132,6 +138,19 @@ impl GenerationFields {
     /// Reuse cached prefixes.
     pub(crate) fn use_cache(&self) -> bool {
         self.cache_prompt.unwrap_or(true)
+    }
+
+    /// Most tokens drafted per step for this request (`Some(0)`: none); `None` leaves the
+    /// server's limit.
+    pub(crate) fn draft_max(&self) -> Result<Option<usize>, ApiError> {
+        if self.speculative == Some(false) {
+            return Ok(Some(0));
+        }
+        match self.speculative_n_max {
+            None => Ok(None),
+            Some(n) if n >= 0 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            Some(n) => Err(ApiError::bad_request(format!("'speculative.n_max' must be 0 or more, got {n}"))),
+        }
     }
 
     /// The part of the prefix cache this request reads and extends.

@@ -36,6 +36,12 @@ pub(crate) struct Timings {
     predicted_ms: f64,
     predicted_per_token_ms: f64,
     predicted_per_second: f64,
+    /// Speculative decoding (as llama-server, only when the request drafted): tokens drafted
+    /// and of them accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_n: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_n_accepted: Option<usize>,
 }
 
 impl Timings {
@@ -53,6 +59,8 @@ impl Timings {
             predicted_ms: t.predicted_ms,
             predicted_per_token_ms: per_token(t.predicted_n, t.predicted_ms),
             predicted_per_second: rate(t.predicted_n, t.predicted_ms),
+            draft_n: (t.draft_n > 0).then_some(t.draft_n),
+            draft_n_accepted: (t.draft_n > 0).then_some(t.draft_n_accepted),
         }
     }
 }

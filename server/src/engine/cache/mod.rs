@@ -12,7 +12,11 @@
 //!   disk;
 //! - [`RequestCache::finish`]: file its final state and K/V in the tree (and on disk), release
 //!   the rest;
-//! - [`RequestCache::truncate`]: cut a running sequence back to an earlier length.
+//! - [`RequestCache::reserve_draft`], [`RequestCache::accept_verified`]: pages for drafted
+//!   tokens before a verify pass, and after it the accepted ones' state, the rest's pages back
+//!   (speculative decoding);
+//! - [`RequestCache::truncate`]: cut a running sequence back to an earlier length (no caller
+//!   yet).
 //!
 //! Each sequence's [`CacheLease`] records its part; only this module changes it.
 
@@ -24,7 +28,7 @@ mod prefix;
 mod tests;
 mod truncate;
 
-use radix_models::{KvPool, StatePool};
+use radix_models::{KvPool, Model, StatePool};
 
 use self::hybrid::RunningStates;
 pub(crate) use self::lease::CacheLease;
@@ -145,6 +149,43 @@ impl RequestCache {
     pub(crate) fn grow(&mut self, seq: &mut Sequence) -> bool {
         let (view, lease) = seq.cache_parts();
         self.prefix.grow(view, lease)
+    }
+
+    /// Gives a decoding sequence pages for `drafted` tokens verified after its last one;
+    /// returns how many of them its pages hold (the draft is cut to that).
+    pub(crate) fn reserve_draft(&mut self, seq: &mut Sequence, drafted: usize) -> usize {
+        let (view, lease) = seq.cache_parts();
+        self.prefix.reserve(lease, view.tokens.len() + drafted).saturating_sub(view.tokens.len())
+    }
+
+    /// After a pass verified drafted tokens for `seq` and the postprocess took what it
+    /// accepted: its K/V and state are those of its first `end` tokens. A hybrid model's state,
+    /// which the verify pass only read, is advanced over the accepted rows by `model`, with the
+    /// rolling snapshot at a page boundary among them; the pages past its tokens go back. The
+    /// tree and the snapshots only ever see accepted tokens. On an error (the model's) the
+    /// sequence's state cannot be trusted: the caller fails it.
+    pub(crate) fn accept_verified(&mut self, seq: &mut Sequence, end: usize, model: &Model) -> Result<(), String> {
+        let (view, lease) = seq.cache_parts();
+        let start = lease.computed;
+        debug_assert!(start < end && end <= view.tokens.len(), "accepting up to {end} from {start}");
+        if let Some(states) = self.states.as_mut() {
+            let slot = lease.state_slot.expect("a running hybrid sequence has a state slot");
+            let fail = |e: radix_models::ModelError| format!("cannot apply the verified tokens' state: {e}");
+            let page_size = self.prefix.page_size();
+            let boundary = (end - 1) / page_size * page_size;
+            let mut applied = start;
+            if boundary > start && !end.is_multiple_of(page_size) {
+                model.apply_verified(states.pool_mut(), slot, 0..boundary - start).map_err(fail)?;
+                states.save_at(view, lease, boundary, &mut self.prefix, self.disk.as_mut());
+                applied = boundary;
+            }
+            model.apply_verified(states.pool_mut(), slot, applied - start..end - start).map_err(fail)?;
+            states.pool_mut().discard_verified(slot);
+            states.save_at(view, lease, end, &mut self.prefix, self.disk.as_mut());
+        }
+        lease.computed = end;
+        self.prefix.trim(lease, view.tokens.len());
+        Ok(())
     }
 
     /// The pools a forward pass reads and writes.

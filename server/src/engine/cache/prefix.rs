@@ -244,6 +244,30 @@ impl PrefixCache {
         }
     }
 
+    /// Gives a decoding sequence pages for its first `positions` positions (its tokens and the
+    /// drafts verified after them), evicting unused cache if needed; returns how many positions
+    /// its pages hold, `positions` or fewer when the pool cannot give more.
+    pub(crate) fn reserve(&mut self, lease: &mut CacheLease, positions: usize) -> usize {
+        let need = positions.div_ceil(self.page_size);
+        if lease.pages.len() < need
+            && let Some(pages) = self.allocate(need - lease.pages.len())
+        {
+            lease.pages.extend(pages);
+        }
+        positions.min(lease.pages.len() * self.page_size)
+    }
+
+    /// Gives back the sequence's pages past its first `positions` positions (those a verify
+    /// pass wrote for rejected drafts). They are its own: the prefix it shares with the tree
+    /// ends before.
+    pub(crate) fn trim(&mut self, lease: &mut CacheLease, positions: usize) {
+        let keep = positions.div_ceil(self.page_size);
+        debug_assert!(keep * self.page_size >= lease.locked_tokens, "trimming into the locked prefix");
+        if lease.pages.len() > keep {
+            self.alloc.release(lease.pages.split_off(keep));
+        }
+    }
+
     /// Puts a sequence's just-prefilled prompt (its first `computed` tokens) into the tree while
     /// it keeps running, so that requests sharing the prompt (subagents, parallel sessions)
     /// reuse it instead of computing it again. Its page table switches to the tree's pages

@@ -1,7 +1,7 @@
-//! Cutting a running sequence back to an earlier length: what speculative decoding does with
-//! the draft tokens the model rejects. The sequence's K/V and recurrent state are left as a
-//! fresh request of the shorter prompt would find them after its placement: every token but the
-//! last computed where the cache can say so, the rest to prefill.
+//! Cutting a running sequence back to an earlier length. The sequence's K/V and recurrent state
+//! are left as a fresh request of the shorter prompt would find them after its placement: every
+//! token but the last computed where the cache can say so, the rest to prefill. (Speculative
+//! decoding needs none of this: its drafts never enter the sequence, see `engine/draft.rs`.)
 
 use super::RequestCache;
 use crate::engine::sequence::Sequence;

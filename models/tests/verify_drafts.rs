@@ -1,0 +1,167 @@
+//! Verifying drafted tokens (speculative decoding) in one pass: for a sequence whose last
+//! accepted token is followed by drafts, the pass's logits row for each token equals, bit for
+//! bit, the logits plain decode steps give there; a hybrid model's state is left as it was by
+//! the verify pass, and applying its first `m` rows (in one call or two) leaves bitwise the
+//! state `m` decode steps leave, from which decoding goes on exactly as it would have. The
+//! drafts after the first `m` are junk, as rejected drafts are: their K/V must not matter.
+//!
+//! Every comparison is bitwise: the engine promises greedy output identical with and without
+//! speculation, which holds only if the verify pass computes what decode steps compute.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model, StatePool};
+
+const PAGE_SIZE: usize = 4;
+const CASES: u32 = 12;
+
+fn fixtures(arch: &str) -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch);
+    vec![dir.join("model-q8_0.gguf"), dir.join("model.safetensors")]
+}
+
+/// One sequence's pools: its K/V pages (page `i` is table entry `i`) and, for a hybrid model,
+/// state slot 0.
+struct Run<'a> {
+    model: &'a Model,
+    pool: KvPool,
+    state: Option<StatePool>,
+    table: Vec<u32>,
+}
+
+impl<'a> Run<'a> {
+    fn new(model: &'a Model) -> Self {
+        let config = model.config();
+        Run {
+            model,
+            pool: KvPool::new(config, PAGE_SIZE, 64, KvDType::F16).unwrap(),
+            state: config.hybrid.is_some().then(|| model.new_state_pool(1).unwrap()),
+            table: (0..64).collect(),
+        }
+    }
+
+    fn slot(&self) -> Option<u32> {
+        self.state.as_ref().map(|_| 0)
+    }
+
+    /// Runs `tokens` ending at context `end`; the logits of every row (`verify`) or the last.
+    fn pass(&mut self, tokens: &[u32], end: usize, verify: bool) -> Vec<Vec<f32>> {
+        let mut batch = ForwardBatch::default();
+        let table = self.table[..end.div_ceil(PAGE_SIZE)].to_vec();
+        if verify {
+            batch.push_verify(tokens, end, table, self.slot());
+        } else {
+            batch.push_with_state(tokens, end, table, true, self.slot());
+        }
+        self.model.forward_with_state(&batch, &mut self.pool, self.state.as_mut()).unwrap().to_vec2::<f32>().unwrap()
+    }
+
+    fn state(&self) -> Option<Vec<f32>> {
+        self.state.as_ref().map(|s| s.read_slot(0).unwrap())
+    }
+}
+
+fn check(arch: &str) {
+    for path in fixtures(arch) {
+        let model = Model::load(&path, &LoadOptions::default()).unwrap();
+        let vocab = model.config().vocab_size as u32;
+        let mut runner = TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() });
+        let case = (
+            prop::collection::vec(0..vocab, 1..12),
+            prop::collection::vec(0..vocab, 2..10),
+            any::<prop::sample::Index>(),
+            any::<prop::sample::Index>(),
+            0..vocab,
+        );
+        runner
+            .run(&case, |(prompt, continuation, accept, split, junk)| {
+                let span = continuation.len();
+                let accepted = accept.index(span) + 1;
+                // Decode steps, one token at a time: the logits and state after each.
+                let mut plain = Run::new(&model);
+                plain.pass(&prompt, prompt.len(), false);
+                let mut steps = Vec::new();
+                for (i, &token) in continuation.iter().enumerate() {
+                    let logits = plain.pass(&[token], prompt.len() + i + 1, false).remove(0);
+                    steps.push((logits, plain.state()));
+                }
+                // The same continuation verified in one pass, its drafts past `accepted` junk.
+                let mut spec = Run::new(&model);
+                spec.pass(&prompt, prompt.len(), false);
+                let before = spec.state();
+                let mut drafted = continuation.clone();
+                for t in &mut drafted[accepted..] {
+                    *t = (*t + junk) % vocab;
+                }
+                let rows = spec.pass(&drafted, prompt.len() + span, true);
+                prop_assert_eq!(rows.len(), span, "a logits row per verified token");
+                for (i, row) in rows.iter().enumerate().take(accepted) {
+                    prop_assert!(row == &steps[i].0, "{}: row {} of the verify pass differs from decode", arch, i);
+                }
+                prop_assert!(spec.state() == before, "{}: the verify pass moved the recurrent state", arch);
+                if let Some(state) = spec.state.as_mut() {
+                    let split = split.index(accepted + 1);
+                    model.apply_verified(state, 0, 0..split).unwrap();
+                    if split < accepted {
+                        model.apply_verified(state, 0, split..accepted).unwrap();
+                    }
+                    state.discard_verified(0);
+                    prop_assert!(model.apply_verified(state, 0, accepted..accepted).is_err(), "span discarded");
+                }
+                prop_assert!(
+                    spec.state() == steps[accepted - 1].1,
+                    "{}: the state after {} accepted rows differs from decode's",
+                    arch,
+                    accepted
+                );
+                // Decoding goes on from the accepted length as it would have.
+                if accepted < span {
+                    let logits = spec.pass(&[continuation[accepted]], prompt.len() + accepted + 1, false).remove(0);
+                    prop_assert!(logits == steps[accepted].0, "{}: decode after the rejected drafts differs", arch);
+                    prop_assert!(spec.state() == steps[accepted].1);
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{arch} ({}): {e}", path.display()));
+    }
+}
+
+#[test]
+fn qwen3_verifies_drafts_as_decode_steps() {
+    check("qwen3");
+}
+
+#[test]
+fn qwen35_verifies_drafts_as_decode_steps() {
+    check("qwen35");
+}
+
+#[test]
+fn qwen35moe_verifies_drafts_as_decode_steps() {
+    check("qwen35moe");
+}
+
+#[test]
+fn llama_verifies_drafts_as_decode_steps() {
+    check("llama");
+}
+
+/// Rows out of order, past the span, or on a slot with nothing verified are refused.
+#[test]
+fn applying_a_span_out_of_order_is_refused() {
+    let path = fixtures("qwen35").remove(1);
+    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let mut run = Run::new(&model);
+    run.pass(&[1, 2, 3], 3, false);
+    let mut state = run.state.take().unwrap();
+    assert!(model.apply_verified(&mut state, 0, 0..1).is_err(), "nothing verified yet");
+    run.state = Some(state);
+    run.pass(&[4, 5, 6], 6, true);
+    let mut state = run.state.take().unwrap();
+    assert!(model.apply_verified(&mut state, 0, 1..2).is_err(), "must start at row 0");
+    assert!(model.apply_verified(&mut state, 0, 0..4).is_err(), "only 3 rows");
+    model.apply_verified(&mut state, 0, 0..2).unwrap();
+    assert!(model.apply_verified(&mut state, 0, 1..3).is_err(), "must continue at row 2");
+    model.apply_verified(&mut state, 0, 2..3).unwrap();
+    assert!(model.apply_verified(&mut state, 0, 3..3).is_err(), "the last row frees the span");
+}
