@@ -13,6 +13,11 @@ Per round, each server runs alone (one at a time on the machine): radix-serve wi
 alternately; llama-server with `--spec-type ngram-mod` and without speculation. The best
 round's decode rate (generated tokens / decode time, from each server's `timings`) counts.
 Greedy output with and without our speculation must be the same text: a difference fails.
+
+Then, ours only (to decide whether speculation may be on by default): the free-form and
+tool-call requests sent all at once, with speculation and opted out, counted as generated tokens
+of all of them per second of wall time (several sequences decode in one batch, where every
+rejected draft row costs the others time).
 """
 
 import json
@@ -20,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_http import free_port, post, wait_healthy  # noqa: E402
@@ -127,11 +133,21 @@ def ask(base, body, extra):
             "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
 
 
+def at_once(base, bodies, extra):
+    """Sends `bodies` together; returns generated tokens per second of wall time and the texts."""
+    start = time.monotonic()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        runs = list(pool.map(lambda body: ask(base, body, extra), bodies))
+    seconds = time.monotonic() - start
+    return {"tps": sum(r["tokens"] for r in runs) / seconds, "texts": [r["text"] for r in runs],
+            "draft_n": sum(r["draft_n"] for r in runs), "draft_n_accepted": sum(r["draft_n_accepted"] for r in runs)}
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     loads = workloads()
     arms = {
-        "ours": ([OURS, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "1", "--spec-type", "ngram"],
+        "ours": ([OURS, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "4", "--spec-type", "ngram"],
                  {"plain": {"speculative": False}, "spec": {}}),
         "llama-spec": ([LLAMA, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "1", "--spec-type", "ngram-mod"],
                        {"spec": {}}),
@@ -151,6 +167,13 @@ def main():
                             print(f"spec-bench: round {rnd + 1} {server} {mode} {name}: {run['tokens']} tokens, "
                                   f"{run['decode_tps']:.1f} tok/s, drafts {run['draft_n_accepted']}/{run['draft_n']}",
                                   file=sys.stderr)
+                    together = [b for n, b in loads.items() if not n.startswith("edit-")]
+                    if server == "ours" and len(together) > 1:
+                        for mode, extra in modes.items():
+                            run = at_once(base, together, extra)
+                            results.setdefault(("ours-at-once", mode), []).append(run)
+                            print(f"spec-bench: round {rnd + 1} {len(together)} at once {mode}: {run['tps']:.1f} tok/s, "
+                                  f"drafts {run['draft_n_accepted']}/{run['draft_n']}", file=sys.stderr)
                 finally:
                     proc.terminate()
                     proc.wait()
@@ -162,6 +185,11 @@ def main():
         if any(p["text"] != s["text"] for p, s in zip(plain, spec)):
             print(f"spec-bench: {name}: our greedy output differs with speculation", file=sys.stderr)
             failed = True
+    if ("ours-at-once", "spec") in results:
+        for plain, spec in zip(results[("ours-at-once", "plain")], results[("ours-at-once", "spec")]):
+            if plain["texts"] != spec["texts"]:
+                print("spec-bench: at once: our greedy output differs with speculation", file=sys.stderr)
+                failed = True
     isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
     best = lambda key: max(results[key], key=lambda r: r["decode_tps"])  # noqa: E731
     print(f"\nDecode tok/s, best of {ROUNDS} rounds, {THREADS} threads, {isa}, greedy, {os.path.basename(MODEL)}\n")
@@ -175,6 +203,14 @@ def main():
               f"{os_['decode_tps'] / max(op['decode_tps'], 1e-9):.2f} | {os_['draft_n_accepted']}/{os_['draft_n']} | "
               f"{lp['decode_tps']:.1f} | {ls['decode_tps']:.1f} | {ls['draft_n_accepted']}/{ls['draft_n']} | "
               f"{os_['decode_tps'] / max(ls['decode_tps'], 1e-9):.2f} |")
+    if ("ours-at-once", "spec") in results:
+        p = max(results[("ours-at-once", "plain")], key=lambda r: r["tps"])
+        s = max(results[("ours-at-once", "spec")], key=lambda r: r["tps"])
+        print(f"\nOurs, the {len(p['texts'])} non-edit requests at once (-np 4): generated tok/s of all, "
+              f"best of {ROUNDS}\n")
+        print("| plain | spec | spec / plain | accepted |\n|---|---|---|---|")
+        print(f"| {p['tps']:.1f} | {s['tps']:.1f} | {s['tps'] / max(p['tps'], 1e-9):.2f} | "
+              f"{s['draft_n_accepted']}/{s['draft_n']} |")
     sys.exit(1 if failed else 0)
 
 

@@ -4,8 +4,8 @@
 
 mod moe_args;
 mod sampling_args;
-mod spec_args;
 mod serve;
+mod spec_args;
 mod template_cmd;
 
 use clap::{Parser, Subcommand};

@@ -55,7 +55,7 @@ fn prompt(i: usize) -> Vec<u32> {
 
 fn greedy(i: usize) -> GenerateRequest {
     let mut r = request(prompt(i), 20 + i % 13, true);
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         r.sampling.logprobs = Some(2);
     }
     r.snapshot_points = vec![prompt(i).len() / 2];
@@ -66,8 +66,8 @@ fn sampled(i: usize) -> GenerateRequest {
     let mut r = request(prompt(i + 1), 24, true);
     r.sampling = SamplingParams {
         temperature: 0.9,
-        top_k: if i % 2 == 0 { 0 } else { 20 },
-        repetition_penalty: if i % 3 == 0 { 1.2 } else { 1.0 },
+        top_k: if i.is_multiple_of(2) { 0 } else { 20 },
+        repetition_penalty: if i.is_multiple_of(3) { 1.2 } else { 1.0 },
         seed: Some(1_000 + i as u64),
         ..Default::default()
     };

@@ -142,7 +142,12 @@ fn reject_all(
 ) -> Result<f64> {
     let context_len = accepted_end - 1 + span.len();
     let mut batch = ForwardBatch::default();
-    batch.push_verify(span, context_len, pages[..context_len.div_ceil(pool.page_size())].to_vec(), state.as_ref().map(|_| 0));
+    batch.push_verify(
+        span,
+        context_len,
+        pages[..context_len.div_ceil(pool.page_size())].to_vec(),
+        state.as_ref().map(|_| 0),
+    );
     let t = Instant::now();
     let out = model.forward_with_state(&batch, pool, state.as_mut())?;
     anyhow::ensure!(out.dims()[0] == span.len(), "expected a row of logits per verified token, got {:?}", out.dims());

@@ -200,9 +200,10 @@ impl Drafter {
 
 /// FNV-1a over a window's token ids.
 fn window_hash(window: &[u32]) -> u64 {
-    window.iter().flat_map(|t| t.to_le_bytes()).fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    window
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

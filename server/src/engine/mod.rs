@@ -6,12 +6,12 @@
 //! across evictions and restarts) owns every page and slot a request holds.
 
 mod cache;
-pub mod draft;
 pub mod cache_key;
 pub mod cache_report;
 pub mod constraint;
 pub mod core;
 pub mod disk_tier;
+pub mod draft;
 pub mod handle;
 pub mod metrics;
 mod postprocess;

@@ -52,7 +52,15 @@ fn a_request_is_followed_from_submission_to_its_end() {
     watch.started(&explained(100, 60, json!({"divergence": divergence})), None);
     watch.token();
     watch.token();
-    let timings = Timings { cache_n: 60, prompt_n: 40, prompt_ms: 12.0, predicted_n: 5, predicted_ms: 40.0, draft_n: 0, draft_n_accepted: 0 };
+    let timings = Timings {
+        cache_n: 60,
+        prompt_n: 40,
+        prompt_ms: 12.0,
+        predicted_n: 5,
+        predicted_ms: 40.0,
+        draft_n: 0,
+        draft_n_accepted: 0,
+    };
     watch.finished(&FinishReason::Length, &timings);
     drop(watch);
     let entry = &store.requests_json(10, false)[0];
