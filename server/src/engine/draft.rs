@@ -6,7 +6,8 @@
 //!
 //! Per sequence, an index of every `ngram_min`-token window's end positions finds the earlier
 //! occurrences; the longest match (up to `ngram_max` tokens back, the most recent among equals)
-//! gives the draft, at most twice as long as the match. Its length adapts to how drafts fare:
+//! gives the draft, at most twice as long as the match, copied as LZ77 does (a continuation that
+//! reaches the sequence's end goes on with the draft itself, so loops draft in full). Its length adapts to how drafts fare:
 //! it doubles after a round that accepted every drafted token and shrinks to what was accepted
 //! after one that did not; after rounds that accepted nothing, drafting pauses for a number of
 //! steps that doubles each time, so text that merely looks repetitive costs little.
@@ -122,10 +123,12 @@ impl Drafter {
         if let Some((start, matched)) = self.longest_match(tokens) {
             // A short match is weak evidence of copying (prose repeats 4-token phrases all the
             // time): its draft is at most twice as long, so a wrong one costs little.
-            let limit = limit.min(2 * matched);
-            let end = (start + limit).min(tokens.len());
-            if end - start >= self.config.draft_min.max(1) {
-                self.draft.extend_from_slice(&tokens[start..end]);
+            // Copied as LZ77 copies, overlapping: where the continuation runs into the end of
+            // the sequence, the draft goes on with its own first tokens, so a loop of period p
+            // drafts more than p tokens.
+            for at in start..start + limit.min(2 * matched) {
+                let token = tokens.get(at).copied().unwrap_or_else(|| self.draft[at - tokens.len()]);
+                self.draft.push(token);
             }
         }
         &self.draft
@@ -229,6 +232,10 @@ mod tests {
         let tokens = [7, 1, 2, 3, 4, 5, 6, 70, 1, 2, 3, 4, 8, 8, 8, 7, 1, 2, 3, 4];
         assert_eq!(drafter.propose(&tokens, 3), &[5, 6, 70], "7 1 2 3 4 matches 5 tokens back");
         assert_eq!(Drafter::new(ngram(8)).propose(&[1, 2, 3, 4, 5], 8), &[] as &[u32], "no earlier match");
+        // A loop of period 3: the continuation of its most recent match reaches the end after 3
+        // tokens and goes on around the loop.
+        let tokens = [5, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3];
+        assert_eq!(Drafter::new(ngram(8)).propose(&tokens, 8), &[1, 2, 3, 1, 2, 3, 1, 2]);
     }
 
     /// Lengths double on full acceptance, follow partial acceptance, and a fruitless round
@@ -273,9 +280,10 @@ mod tests {
                 prop_assert!(draft.len() <= limit.min(16));
                 if !draft.is_empty() {
                     let tail = &seq[len - 3..];
+                    // Overlapping copy: the draft continues the sequence it extends.
+                    let extended = [seq, &draft].concat();
                     let found = (3..len).any(|end| &seq[end - 3..end] == tail
-                        && seq[end..].starts_with(&draft[..draft.len().min(len - end)])
-                        && draft.len() <= len - end);
+                        && extended[end..end + draft.len()] == draft[..]);
                     prop_assert!(found, "draft {:?} after {:?}", draft, seq);
                 }
                 grown.draft.clear();
