@@ -33,7 +33,7 @@ pub struct SpecConfig {
     pub draft_max: usize,
     /// Fewest tokens worth a verify pass (`--spec-draft-n-min`): shorter drafts are dropped.
     pub draft_min: usize,
-    /// Fewest tokens of the sequence's end that must match earlier text (`--spec-ngram-n-min`).
+    /// Fewest tokens of the sequence's end that must match earlier text (`--spec-ngram-n-match`).
     pub ngram_min: usize,
     /// Longest match looked for: a longer match is not a better one. Long enough to tell apart
     /// the places of a file that differ only a line back (similar functions, repeated blocks).
