@@ -13,6 +13,9 @@
 //!   product enough times to take about 50 ms and reports the time per product. Both run with
 //!   `--threads` threads (candle's pool through `CANDLE_NUM_THREADS`, ours on a rayon pool),
 //!   ours including the activations' quantization.
+//! - `--layout interleaved` times our weights repacked as the server holds them on x86 (16-row
+//!   groups); `GB/s` is the weight bytes our product reads over its time (a shape larger than
+//!   the last-level cache, e.g. `1024:151936`, a vocabulary head, shows the memory stream).
 //! - `ratio` is candle's time over ours (above 1: ours is faster). `max diff` is the largest
 //!   difference between the two outputs relative to the largest output magnitude (both round
 //!   activations to 8 bits, differently).
@@ -44,6 +47,10 @@ struct Args {
     /// Shapes `k:n_out` (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1024:2048,1024:3072,3072:1024")]
     shapes: Vec<String>,
+    /// Our weights' layout: `in-place` (the file's blocks) or `interleaved` (repacked in groups
+    /// of 16 rows, as the server loads them on x86).
+    #[arg(long, default_value = "in-place")]
+    layout: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -91,6 +98,11 @@ fn parse_type(s: &str) -> Result<(GgmlDType, QuantType)> {
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    let interleaved = match a.layout.as_str() {
+        "in-place" => false,
+        "interleaved" => true,
+        other => bail!("--layout {other:?}: `in-place` or `interleaved`"),
+    };
     // candle 0.11 sizes its matmul pool once per process from CANDLE_NUM_THREADS.
     // SAFETY: set before any other thread exists.
     unsafe { std::env::set_var("CANDLE_NUM_THREADS", a.threads.to_string()) };
@@ -104,8 +116,8 @@ fn main() -> Result<()> {
         radix_kernels::CpuIsa::active().name()
     );
     print!(
-        "{:<6} {:>12} {:>5} {:>10} {:>10} {:>7} {:>9}",
-        "type", "k -> n_out", "m", "candle ms", "ours ms", "ratio", "max diff"
+        "{:<6} {:>12} {:>5} {:>10} {:>10} {:>7} {:>7} {:>9}",
+        "type", "k -> n_out", "m", "candle ms", "ours ms", "ratio", "GB/s", "max diff"
     );
     for k in &kernels {
         print!(" {:>10}", format!("{} ms", k.name()));
@@ -119,6 +131,7 @@ fn main() -> Result<()> {
             let w = Tensor::from_vec(values(n_out * k, 1), (n_out, k), &Device::Cpu)?;
             let qt = QTensor::quantize(&w, dtype)?;
             let ours = QuantMatrix::new(ty, n_out, k, WeightBytes::from_vec(qt.data()?.into_owned()))?;
+            let ours = if interleaved { ours.interleaved() } else { ours };
             let candle = QMatMul::from_qtensor(qt)?;
             for &m in &a.m {
                 let x = values(m * k, 2 + m as u64);
@@ -141,11 +154,12 @@ fn main() -> Result<()> {
                 let scale = reference.iter().fold(0.0f32, |s, v| s.max(v.abs())).max(f32::MIN_POSITIVE);
                 let diff = out.iter().zip(&reference).fold(0.0f32, |d, (a, b)| d.max((a - b).abs())) / scale;
                 print!(
-                    "{t:<6} {:>12} {m:>5} {:>10.3} {:>10.3} {:>7.2} {diff:>9.1e}",
+                    "{t:<6} {:>12} {m:>5} {:>10.3} {:>10.3} {:>7.2} {:>7.1} {diff:>9.1e}",
                     format!("{k} -> {n_out}"),
                     t_candle * 1e3,
                     t_ours * 1e3,
                     t_candle / t_ours,
+                    ours.bytes().len() as f64 / t_ours / 1e9,
                 );
                 for t in per_kernel {
                     print!(" {:>10.3}", t * 1e3);
