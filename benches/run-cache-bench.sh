@@ -12,9 +12,10 @@
 # scripts/bench-model.sh. Each server gets a fresh process per workload, never two at once.
 #
 # Environment:
-#   MODEL=smollm2 | qwen3 | qwen-coder | qwen35
+#   MODEL=smollm2 | qwen3 | qwen-coder | qwen35 | qwen35mininp
 #   THREADS=2            threads of each server
-#   WORKLOADS=...        default: all (single,split-system,interleaved,subagent,compaction);
+#   WORKLOADS=...        default: single,split-system,interleaved,subagent,compaction; also
+#                        subagent-branch and edited-system (branches inside the system block);
 #                        `recorded` replays RECORDED=FILE (benches/record-opencode.sh makes one)
 #   OUT=target/cache-bench/<model>   table.md, results.json, <workload>.svg, server logs
 #   LLAMA_CONFIGS=...    llama-server configurations, `label=flags;...` (default: the preset's)
@@ -61,6 +62,13 @@ case "$MODEL" in
   qwen35)
     args=(--preset smollm2 --ctx 16384 --radix-args "--parallel 4 --kv-cache 768")
     llama_configs="llama-server=-lv 4;llama-server -np 1=-np 1 -sps 0 -lv 4"
+    ;;
+  # Qwen3.5's structure in 4 small layers: the 0.8B shape's prefilled tokens (they depend on the
+  # tokens and the slot counts, not the weights) at a fraction of its time. 64 MiB of KV and 16
+  # of state are the 0.8B shape's 65,536 KV tokens and 39 snapshot slots; TTFTs are not the 0.8B's.
+  qwen35mininp)
+    args=(--preset smollm2 --ctx 16384 --radix-args "--parallel 4 --kv-cache 64 --state-cache 16")
+    llama_configs="llama-server=-lv 4"
     ;;
   *) log "unknown MODEL $MODEL"; exit 2 ;;
 esac

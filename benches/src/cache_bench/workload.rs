@@ -1,6 +1,8 @@
 //! Agent-shaped workloads, generated deterministically from a seed: the coding-agent session, the
 //! same with a split system prompt, interleaved sessions in two folders, a subagent, and
-//! compaction.
+//! compaction; and two whose prompts branch inside the system block, where no message boundary
+//! is (a subagent sharing the main agent's first tools and rules, a session whose instructions
+//! differ in one paragraph).
 //!
 //! Within one conversation every request's messages are the previous request's messages, then
 //! the assistant's reply, then what the agent appends (tool results, a user turn): append-only, as
@@ -133,14 +135,15 @@ pub struct BenchRequest {
 /// A named list of requests, replayed in order.
 #[derive(Debug, Clone, Serialize)]
 pub struct Workload {
-    /// Its name (`single`, `split-system`, `interleaved`, `subagent`, `compaction`).
+    /// Its name (one of [`WORKLOADS`]).
     pub name: String,
     /// The requests in the order they are sent.
     pub requests: Vec<BenchRequest>,
 }
 
 /// Every workload's name, in report order.
-pub const WORKLOADS: &[&str] = &["single", "split-system", "interleaved", "subagent", "compaction"];
+pub const WORKLOADS: &[&str] =
+    &["single", "split-system", "interleaved", "subagent", "compaction", "subagent-branch", "edited-system"];
 
 /// Builds the workload `name` for `seed` and `sizes`; `None` for an unknown name.
 pub fn build(name: &str, seed: u64, sizes: &Sizes) -> Option<Workload> {
@@ -154,7 +157,12 @@ pub fn build(name: &str, seed: u64, sizes: &Sizes) -> Option<Workload> {
                 .collect();
             interleave(&mut root.fork("schedule"), sessions)
         }
-        "subagent" => subagent_session(&root, sizes),
+        "subagent" => subagent_session(&root, sizes, false),
+        "subagent-branch" => subagent_session(&root, sizes, true),
+        "edited-system" => {
+            let sessions = vec![coding_session(&root, sizes, 0, "project", false), edited_session(&root, sizes, 1)];
+            interleave(&mut root.fork("schedule"), sessions)
+        }
         "compaction" => compaction_session(&root, sizes),
         _ => return None,
     };
@@ -292,17 +300,31 @@ fn title_request(root: &Rng, sizes: &Sizes, session: usize, first_user: &str) ->
 
 /// A coding-agent session: a title request, then user turns of tool steps.
 fn coding_session(root: &Rng, sizes: &Sizes, session: usize, folder: &str, split: bool) -> Vec<BenchRequest> {
+    coding_session_with(root, sizes, session, main_system(root, sizes, folder, split))
+}
+
+/// A coding-agent session in the same folder whose stable instructions differ in one rule in
+/// their middle (another version of the agent, a tool's instructions reworded): it shares the
+/// tools and the system text up to that line with the others.
+fn edited_session(root: &Rng, sizes: &Sizes, session: usize) -> Vec<BenchRequest> {
+    let mut system = main_system(root, sizes, "project", false);
+    let text = system[0]["content"].as_str().unwrap_or_default();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let rules: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with("- ")).collect();
+    if let Some(&middle) = rules.get(rules.len() / 2) {
+        lines[middle] = format!("- {}", text::sentence(&mut root.fork("edited-rule")));
+    }
+    system[0]["content"] = Json::from(lines.join("\n"));
+    coding_session_with(root, sizes, session, system)
+}
+
+/// A coding-agent session with the system messages `system`.
+fn coding_session_with(root: &Rng, sizes: &Sizes, session: usize, system: Vec<Json>) -> Vec<BenchRequest> {
     let mut rng = root.fork(&format!("session-{session}"));
     let tools = agent::tool_definitions(root, MAIN_TOOLS, sizes.tools_tokens);
     let first_user = user_message(&mut rng, sizes);
     let mut out = vec![title_request(root, sizes, session, &first_user)];
-    let mut c = Conversation::new(
-        format!("s{session}"),
-        session,
-        RequestKind::Agent,
-        main_system(root, sizes, folder, split),
-        tools,
-    );
+    let mut c = Conversation::new(format!("s{session}"), session, RequestKind::Agent, system, tools);
     let usable: Vec<ToolKind> = MAIN_TOOLS.iter().copied().filter(|k| k.name != "task").collect();
     let mut user = first_user;
     for _ in 0..sizes.user_turns {
@@ -314,9 +336,12 @@ fn coding_session(root: &Rng, sizes: &Sizes, session: usize, folder: &str, split
     out
 }
 
-/// A main session that hands a task to a subagent (its own system prompt and five tools) and
-/// continues with the subagent's report as the `task` tool's result.
-fn subagent_session(root: &Rng, sizes: &Sizes) -> Vec<BenchRequest> {
+/// A main session that hands a task to a subagent and continues with the subagent's report as
+/// the `task` tool's result. The subagent has its own system prompt and five tools, or with
+/// `branch` (as OpenCode's general subagent) the main agent's tools but the last two and the
+/// main rules' first half before its own: its prompt branches from the main agent's inside the
+/// system block (in the tools where a template writes them first, else in the rules).
+fn subagent_session(root: &Rng, sizes: &Sizes, branch: bool) -> Vec<BenchRequest> {
     let mut rng = root.fork("subagent-main");
     let main_tools = agent::tool_definitions(root, MAIN_TOOLS, sizes.tools_tokens);
     let first_user = user_message(&mut rng, sizes);
@@ -334,13 +359,25 @@ fn subagent_session(root: &Rng, sizes: &Sizes) -> Vec<BenchRequest> {
     main.messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function",
         "function": {"name": "task", "arguments": json!({"description": "Investigate", "prompt": task_prompt, "subagent_type": "general"}).to_string()}}]}));
 
-    let sub_kinds: Vec<ToolKind> = SUBAGENT_TOOLS.iter().map(|n| *agent::tool_kind(n)).collect();
-    let sub_tools = agent::tool_definitions(&root.fork("subagent"), &sub_kinds, sizes.tools_tokens / 2);
     let mut r = root.fork("subagent-system");
-    let sub_system = format!(
-        "You are a subagent. Investigate the task you are given with read-only tools and report back.\n{}",
-        text::rules(&mut r, sizes.subagent_system_tokens)
-    );
+    let (sub_kinds, sub_tools, sub_system) = if branch {
+        let kinds = &MAIN_TOOLS[..MAIN_TOOLS.len() - 2];
+        // The same size a tool as the main agent's, so the shared ones are the same text.
+        let tokens = sizes.tools_tokens * kinds.len() / MAIN_TOOLS.len();
+        let main = main_system(root, sizes, "project", false);
+        let lines: Vec<&str> = main[0]["content"].as_str().unwrap_or_default().lines().collect();
+        let shared = lines[..lines.len() / 2].join("\n");
+        let own = text::rules(&mut r, sizes.subagent_system_tokens / 2);
+        (kinds.to_vec(), agent::tool_definitions(root, kinds, tokens), format!("{shared}\n# Subagent\n{own}"))
+    } else {
+        let kinds: Vec<ToolKind> = SUBAGENT_TOOLS.iter().map(|n| *agent::tool_kind(n)).collect();
+        let tools = agent::tool_definitions(&root.fork("subagent"), &kinds, sizes.tools_tokens / 2);
+        let system = format!(
+            "You are a subagent. Investigate the task you are given with read-only tools and report back.\n{}",
+            text::rules(&mut r, sizes.subagent_system_tokens)
+        );
+        (kinds, tools, system)
+    };
     let mut sub = Conversation::new(
         "s0/sub".into(),
         0,
@@ -477,5 +514,31 @@ mod tests {
                 assert!(c.estimate() <= s.max_prompt_tokens, "{name}: {}", c.estimate());
             }
         }
+    }
+
+    #[test]
+    fn branching_workloads_branch_inside_the_system_block() {
+        let s = sizes();
+        let system = |r: &BenchRequest| r.messages[0]["content"].as_str().unwrap().to_owned();
+        let w = build("subagent-branch", 1, &s).unwrap();
+        let main = w.requests.iter().find(|r| r.kind == RequestKind::Agent).unwrap();
+        let sub = w.requests.iter().find(|r| r.kind == RequestKind::Subagent).unwrap();
+        assert_eq!(sub.tools[..], main.tools[..8], "the subagent has the main agent's first tools, the same text");
+        assert_eq!(sub.tools.len(), 8);
+        let (main_text, sub_text) = (system(main), system(sub));
+        let shared = main_text.bytes().zip(sub_text.bytes()).take_while(|(a, b)| a == b).count();
+        assert!(shared > main_text.len() / 3 && shared < main_text.len() * 2 / 3, "{shared} of {}", main_text.len());
+
+        let w = build("edited-system", 1, &s).unwrap();
+        let texts: std::collections::BTreeMap<usize, String> =
+            w.requests.iter().filter(|r| r.kind == RequestKind::Agent).map(|r| (r.session, system(r))).collect();
+        let (a, b) = (&texts[&0], &texts[&1]);
+        let differing = a.lines().zip(b.lines()).filter(|(x, y)| x != y).count();
+        assert_eq!((differing, a.lines().count()), (1, b.lines().count()), "one line differs");
+        let shared = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+        assert!(shared > a.len() / 4 && shared < a.len() * 3 / 4, "the edit is in the middle: {shared} of {}", a.len());
+        let tools =
+            |session| &w.requests.iter().find(|r| r.session == session && r.kind == RequestKind::Agent).unwrap().tools;
+        assert_eq!(tools(0), tools(1), "the same tools");
     }
 }

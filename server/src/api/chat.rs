@@ -136,6 +136,7 @@ pub(super) fn prepare(state: &ApiState, body: ChatBody, key: Option<&str>) -> Re
         cache_namespace: output.cache_namespace(),
         snapshot_points: snapshot_points.all,
         expected_points: snapshot_points.expected,
+        branch_points: snapshot_points.branch,
     };
     let spec = GenerationSpec { request, parser, cache: Some(cache) };
     Ok(PreparedChat { spec, stream: output.stream(), include_usage: output.include_usage() })

@@ -62,6 +62,7 @@ pub(super) fn text_spec(
         cache_namespace: output.cache_namespace(),
         snapshot_points: Vec::new(),
         expected_points: Vec::new(),
+        branch_points: Vec::new(),
     };
     Ok(GenerationSpec { request, parser: plain_parser(), cache: None })
 }

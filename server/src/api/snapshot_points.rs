@@ -38,6 +38,12 @@
 //! and the next turn resumes there or at the header of the message it diverges in. Every other
 //! message header is needed only until the conversation's next request goes past it.
 //!
+//! Branch points (`GenerateRequest::branch_points`) are candidates, not points: every line start
+//! inside the leading system block (the tool definitions, one a line in Qwen's templates, and
+//! the system text). Other agents branch from this prompt inside that block: a subagent whose
+//! tools are the main agent's first few, a project whose instructions word one paragraph
+//! differently. The engine keeps some of them, a few hundred tokens apart (`--branch-spacing`).
+//!
 //! A byte position maps to the tokens that end at or before it: a token straddling it holds
 //! text on both sides, so the state after it is not the state at the boundary. The engine
 //! rounds the points down to its pages and adds its own (fixed intervals, prompt end,
@@ -58,6 +64,8 @@ pub(crate) struct SnapshotPoints {
     pub all: Vec<usize>,
     /// Those where a later request is expected to resume (`GenerateRequest::expected_points`).
     pub expected: Vec<usize>,
+    /// Line starts inside the leading system block (`GenerateRequest::branch_points`).
+    pub branch: Vec<usize>,
 }
 
 /// The snapshot points of a chat prompt. `chat` is the request `rendered` was rendered from,
@@ -73,12 +81,20 @@ pub(crate) fn snapshot_points(
     offsets: &[usize],
     controls: Option<&ControlSpellings>,
 ) -> SnapshotPoints {
-    let points = boundaries(template, structure, chat, rendered, controls);
+    let (points, system_end) = boundaries(template, structure, chat, rendered, controls);
     let positions = |expected_only: bool| {
         let bytes: Vec<usize> = points.iter().filter(|p| p.expected || !expected_only).map(|p| p.byte).collect();
         token_positions(&bytes, offsets, rendered.text.len())
     };
-    SnapshotPoints { all: positions(false), expected: positions(true) }
+    let branch = token_positions(&line_starts(&rendered.text[..system_end]), offsets, rendered.text.len());
+    SnapshotPoints { all: positions(false), expected: positions(true), branch }
+}
+
+/// Where each line of `text` after the first starts: inside the leading system block these are
+/// where other agents' prompts branch from this one (the next tool definition, a paragraph of
+/// instructions another project or a subagent words differently).
+fn line_starts(text: &str) -> Vec<usize> {
+    text.match_indices('\n').map(|(i, _)| i + 1).filter(|&i| i < text.len()).collect()
 }
 
 /// A point as a byte of the prompt.
@@ -89,14 +105,15 @@ struct BytePoint {
     expected: bool,
 }
 
-/// The points (see the module docs), unordered and possibly repeated.
+/// The points (see the module docs), unordered and possibly repeated, and where the leading
+/// system block (tools, system messages) ends: the header of the first other message.
 fn boundaries(
     template: &PreparedTemplate,
     structure: &PromptStructure,
     chat: &ChatRequest,
     rendered: &RenderedPrompt,
     controls: Option<&ControlSpellings>,
-) -> Vec<BytePoint> {
+) -> (Vec<BytePoint>, usize) {
     let text = &rendered.text;
     // A control token the request's own text spelled is encoded as text and opens no turn.
     let controls: Vec<Range<usize>> = controls
@@ -112,6 +129,7 @@ fn boundaries(
     let found = find_messages(text, chat.messages.iter().map(anchors), |end| end);
     let mut headers = Vec::with_capacity(found.len());
     let mut in_system_block = true;
+    let mut system_end = None;
     let mut previous_end = 0;
     for (message, range) in chat.messages.iter().zip(found) {
         let Some(range) = range else { continue };
@@ -119,6 +137,9 @@ fn boundaries(
         let at = header(&controls, previous_end, range.start);
         // The first message after the system block ends what sessions share.
         points.push(BytePoint { byte: at, expected: in_system_block });
+        if in_system_block && !system {
+            system_end = Some(at);
+        }
         in_system_block &= system;
         if system {
             points.extend(text[range.clone()].match_indices(ENV_BLOCK).map(|(i, _)| expected(range.start + i)));
@@ -137,7 +158,7 @@ fn boundaries(
         let resumes = headers.partition_point(|&h| h <= diverges);
         points.extend(headers[..resumes].last().map(|&h| expected(h)));
     }
-    points
+    (points, system_end.unwrap_or(previous_end))
 }
 
 /// How an environment block opens in a system prompt (OpenCode, Claude Code).

@@ -11,7 +11,7 @@ use radix_models::tokenizer::Tokenizer;
 use radix_models::{ForwardBatch, KvPool, Model, StatePool};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::cache::{Placement, RequestCache};
+use super::cache::{Placement, RequestCache, SnapshotSpacing};
 use super::cache_report::{CacheReport, RecentPrefix, RecentSequences};
 use super::disk_tier::DiskTier;
 use super::draft::{SpecConfig, SpecType};
@@ -39,6 +39,9 @@ pub struct EngineConfig {
     /// Hybrid models: a snapshot at least every this many prompt tokens (`--snapshot-interval`),
     /// so that a long message is not recomputed whole when a prompt diverges inside it.
     pub snapshot_interval: usize,
+    /// Hybrid models: inside the leading system block, a snapshot at a line start (a request's
+    /// `branch_points`) at least every this many tokens (`--branch-spacing`; 0: none).
+    pub branch_spacing: usize,
     /// Speculative decoding (`--spec-type` and its limits); off by default.
     pub spec: SpecConfig,
 }
@@ -53,13 +56,24 @@ impl EngineConfig {
             max_context,
             state_cache_bytes: 256 << 20,
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            branch_spacing: DEFAULT_BRANCH_SPACING,
             spec: SpecConfig::default(),
         }
+    }
+
+    /// Where a hybrid sequence's prefill saves its state besides the request's points.
+    fn snapshot_spacing(&self) -> SnapshotSpacing {
+        SnapshotSpacing { interval: self.snapshot_interval.max(1), branch: self.branch_spacing }
     }
 }
 
 /// `--snapshot-interval`'s default: a 10k-token tool output is resumed at most 2k tokens back.
 pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
+
+/// `--branch-spacing`'s default: a subagent or another project branching inside a 7k-token
+/// system block resumes at most this far back, for ~28 snapshots on the block's first prefill
+/// (the first to be evicted, unless a later request branches there).
+pub const DEFAULT_BRANCH_SPACING: usize = 256;
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
 /// concurrent agent sessions with their subagents.
@@ -107,7 +121,7 @@ impl EngineCore {
         let state = hybrid
             .then(|| model.new_state_pool(slots + snapshot_slots).expect("a hybrid model's config makes a state pool"));
         let state = state.map(|pool| (pool, slot_bytes));
-        let cache = RequestCache::new(pool, state, slots, config.prefix_cache, config.snapshot_interval);
+        let cache = RequestCache::new(pool, state, slots, config.prefix_cache, config.snapshot_spacing());
         let spec = match model.verifies_drafts() {
             true => config.spec,
             false => SpecConfig { spec_type: SpecType::None, ..config.spec },

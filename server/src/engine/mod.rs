@@ -27,7 +27,7 @@ pub use cache::pages::PageAllocator;
 pub use cache_key::{CacheKey, CacheNamespace};
 pub use cache_report::{CacheReport, MissReason, PreviousVersion, RecentPrefix, Tenant};
 pub use constraint::{Constraint, ConstraintFactory};
-pub use core::{DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, ScheduledStep};
+pub use core::{DEFAULT_BRANCH_SPACING, DEFAULT_SNAPSHOT_INTERVAL, EngineConfig, EngineCore, ScheduledStep};
 pub use disk_tier::identity::build_id;
 pub use disk_tier::{DiskStats, DiskTier, ModelIdentity, OpenReport};
 pub use handle::EngineHandle;

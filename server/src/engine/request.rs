@@ -41,6 +41,10 @@ pub struct GenerateRequest {
     /// history, the generation prompt. Their snapshots are given up after every redundant one
     /// (`radix/snapshots.rs`).
     pub expected_points: Vec<usize>,
+    /// Hybrid models: positions (ascending) inside the leading system block where a line starts
+    /// (a tool definition, a paragraph): where another agent's prompt may branch from this one.
+    /// The engine saves the state at those at least `EngineConfig::branch_spacing` tokens apart.
+    pub branch_points: Vec<usize>,
     /// When the server speculates (`--spec-type`): most tokens drafted ahead per step for
     /// this request, `Some(0)` opting it out; `None` takes the server's limit. The output is the
     /// same either way.

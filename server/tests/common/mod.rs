@@ -23,6 +23,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, use_cache: bool) -> Generate
         cache_namespace: Default::default(),
         snapshot_points: Vec::new(),
         expected_points: Vec::new(),
+        branch_points: Vec::new(),
         draft_max: None,
     }
 }

@@ -26,6 +26,7 @@ fn request(prompt: usize, tenant: Tenant) -> GenerateRequest {
         cache_namespace: CacheNamespace::default(),
         snapshot_points: Vec::new(),
         expected_points: Vec::new(),
+        branch_points: Vec::new(),
         draft_max: None,
     }
 }

@@ -35,6 +35,7 @@ struct Prompt {
     offsets: Vec<usize>,
     points: Vec<usize>,
     expected: Vec<usize>,
+    branch: Vec<usize>,
 }
 
 impl Prompt {
@@ -51,7 +52,7 @@ fn prompt(body: &Json) -> Prompt {
     let (ids, offsets) = q.tokenizer.encode_prompt_with_offsets(&rendered.text, &rendered.content_controls).unwrap();
     let structure = PromptStructure::new(&q.template, &chat, &rendered.text);
     let points = snapshot_points(&q.template, &structure, &chat, &rendered, &offsets, Some(&q.controls));
-    Prompt { text: rendered.text, ids, offsets, points: points.all, expected: points.expected }
+    Prompt { text: rendered.text, ids, offsets, points: points.all, expected: points.expected, branch: points.branch }
 }
 
 fn tools() -> Json {
@@ -272,4 +273,27 @@ fn an_env_block_inside_one_system_message_is_an_expected_point() {
     let p = prompt(&json!({"messages": [{"role": "system", "content": text}, user("Hi")], "tools": tools()}));
     let env = p.token_at(p.text.find("<env>").unwrap());
     assert!(p.expected.contains(&env), "{:?} lacks {env}", p.expected);
+}
+
+/// A subagent whose tools are the main agent's first: the two prompts diverge at the start of a
+/// tool definition's line inside the system block, a branch point; nothing after the system
+/// block is one.
+#[test]
+fn tool_definitions_and_system_lines_are_branch_points() {
+    let main = prompt(&body(first_turn("/home/alice/alpha")));
+    let mut sub_body = body(first_turn("/home/alice/alpha"));
+    sub_body["tools"].as_array_mut().unwrap().truncate(1);
+    let sub = prompt(&sub_body);
+    let common = common_prefix(&main, &sub);
+    let line = main.text.match_indices("\n{\"type\": \"function\"").nth(1).map(|(at, _)| at + 1).unwrap();
+    assert!(main.branch.contains(&main.token_at(line)), "the second tool's line: {:?}", main.branch);
+    let last_branch_before = main.branch.iter().copied().filter(|&b| b <= common).max().unwrap();
+    assert!(
+        common - last_branch_before <= 2,
+        "the subagent branches at {common}, a branch point at {last_branch_before}"
+    );
+    let user_header = main.text.find("<|im_start|>user").unwrap();
+    assert!(main.branch.iter().all(|&b| b <= main.token_at(user_header)), "{:?}", main.branch);
+    let system_lines = main.text[..user_header].matches('\n').count();
+    assert!(main.branch.len() >= system_lines / 2, "{} of {system_lines} lines", main.branch.len());
 }

@@ -11,6 +11,16 @@ use crate::engine::cache_key::CacheKey;
 use crate::engine::disk_tier::DiskTier;
 use crate::engine::sequence::SequenceView;
 
+/// Where a hybrid sequence's prefill saves its state between the request's snapshot points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SnapshotSpacing {
+    /// A snapshot at least every this many prompt tokens (at least 1).
+    pub interval: usize,
+    /// Inside the leading system block, one at a line start (`GenerateRequest::branch_points`)
+    /// at least this many tokens after the point before it (0: none).
+    pub branch: usize,
+}
+
 /// The state pool: its first `running` slots for running sequences, then the snapshot slots.
 pub(super) struct RunningStates {
     pool: StatePool,
@@ -19,19 +29,19 @@ pub(super) struct RunningStates {
     free: Vec<u32>,
     /// Bytes of one slot.
     slot_bytes: usize,
-    /// A snapshot at least every this many prompt tokens.
-    snapshot_interval: usize,
+    /// Where prefills save the state besides the request's points.
+    spacing: SnapshotSpacing,
 }
 
 impl RunningStates {
     /// `pool` (of `slot_bytes` a slot), its first `running` slots for running sequences.
-    pub(super) fn new(pool: StatePool, slot_bytes: usize, running: usize, snapshot_interval: usize) -> Self {
+    pub(super) fn new(pool: StatePool, slot_bytes: usize, running: usize, spacing: SnapshotSpacing) -> Self {
         RunningStates {
             pool,
             running,
             free: (0..running as u32).rev().collect(),
             slot_bytes,
-            snapshot_interval: snapshot_interval.max(1),
+            spacing: SnapshotSpacing { interval: spacing.interval.max(1), ..spacing },
         }
     }
 
@@ -109,8 +119,10 @@ impl RunningStates {
     }
 
     /// Where a hybrid sequence's prefill saves its state: the request's structural points
-    /// (message boundaries, from the API), one every `snapshot_interval` tokens between them so
-    /// a long message is not recomputed whole, all but the last prompt token (the same prompt
+    /// (message boundaries, from the API); inside the leading system block, line starts at
+    /// least `spacing.branch` tokens apart, so a prompt that branches inside it (a subagent's
+    /// tools, another project's paragraph) resumes close by; one every `spacing.interval`
+    /// tokens between them so a long message is not recomputed whole; all but the last prompt token (the same prompt
     /// sent again resumes there, and so does the next turn of a template that writes the
     /// reply's start in other tokens than the generation prompt's last), and where its KV
     /// match ended when that was past the snapshot it resumed from: a branch point the traffic
@@ -119,7 +131,6 @@ impl RunningStates {
     /// (a prefix is reused in whole pages anyway), past what is cached; descending, the next
     /// one last.
     pub(super) fn snapshot_points(&self, seq: SequenceView, lease: &CacheLease, page_size: usize) -> Vec<usize> {
-        let interval = self.snapshot_interval;
         let reusable = seq.prompt_len - 1;
         let mut marks: Vec<usize> = seq.request.snapshot_points.iter().copied().filter(|&p| p <= reusable).collect();
         marks.push(reusable);
@@ -128,13 +139,10 @@ impl RunningStates {
         }
         marks.sort_unstable();
         marks.dedup();
-        let mut points = Vec::new();
-        let mut previous = 0;
-        for mark in marks {
-            points.extend((previous + interval..mark).step_by(interval));
-            points.push(mark);
-            previous = mark;
-        }
+        // Where the KV match ends a snapshot is taken anyway: lines before it are cached.
+        let lines: Vec<usize> =
+            seq.request.branch_points.iter().copied().filter(|&l| l > lease.kv_matched && l <= reusable).collect();
+        let points = spaced_points(&marks, &lines, self.spacing);
         let mut points: Vec<usize> =
             points.into_iter().map(|p| p / page_size * page_size).filter(|&p| p > lease.cached_tokens).collect();
         points.dedup();
@@ -264,5 +272,77 @@ impl RunningStates {
             return Err(format!("state slots are not each held once: {slots:?}"));
         }
         Ok(())
+    }
+}
+
+/// Where a prefill saves its state: every one of `marks` (ascending, distinct), those of `lines`
+/// (ascending) at least `spacing.branch` tokens after the point before them, and between these
+/// one every `spacing.interval` tokens. Ascending.
+fn spaced_points(marks: &[usize], lines: &[usize], spacing: SnapshotSpacing) -> Vec<usize> {
+    let SnapshotSpacing { interval, branch } = spacing;
+    let mut lines = lines.iter().copied().filter(|_| branch > 0).peekable();
+    let mut points = Vec::new();
+    let mut previous = 0;
+    for &mark in marks {
+        while let Some(line) = lines.next_if(|&line| line < mark) {
+            if line >= previous + branch {
+                points.push(line);
+                previous = line;
+            }
+        }
+        points.extend((previous + interval..mark).step_by(interval));
+        points.push(mark);
+        previous = mark;
+    }
+    points
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{SnapshotSpacing, spaced_points};
+
+    proptest! {
+        #[test]
+        fn points_keep_their_spacing(
+            mut marks in proptest::collection::vec(1usize..5000, 1..8),
+            mut lines in proptest::collection::vec(1usize..5000, 0..200),
+            interval in 600usize..3000,
+            branch in 0usize..600,
+        ) {
+            marks.sort_unstable();
+            marks.dedup();
+            lines.sort_unstable();
+            lines.dedup();
+            let points = spaced_points(&marks, &lines, SnapshotSpacing { interval, branch });
+            prop_assert!(points.windows(2).all(|w| w[0] < w[1]), "ascending: {points:?}");
+            prop_assert!(marks.iter().all(|m| points.contains(m)), "every mark");
+            let mut previous = 0;
+            for &p in &points {
+                prop_assert!(p - previous <= interval || lines.contains(&p) || marks.contains(&p));
+                if !marks.contains(&p) && lines.contains(&p) {
+                    prop_assert!(branch > 0 && p - previous >= branch, "a line {p} too close to {previous}");
+                }
+                previous = p;
+            }
+            let last = *marks.last().unwrap();
+            // Every gap before the last mark is at most the interval or ends at a mark or line.
+            prop_assert!(points.iter().all(|&p| p <= last));
+        }
+
+        #[test]
+        fn a_branch_is_at_most_the_spacing_past_a_point(
+            lines in proptest::collection::btree_set(1usize..4000, 1..100),
+            branch in 1usize..600,
+        ) {
+            let lines: Vec<usize> = lines.into_iter().collect();
+            let points = spaced_points(&[4000], &lines, SnapshotSpacing { interval: 1 << 20, branch });
+            // A prompt that branches at any line resumes at most `branch` tokens before it.
+            for &line in &lines {
+                let before = points.iter().copied().filter(|&p| p <= line).max().unwrap_or(0);
+                prop_assert!(line - before < branch, "line {line}, point {before}, {points:?}");
+            }
+        }
     }
 }

@@ -31,6 +31,7 @@ mod truncate;
 use radix_models::{KvPool, Model, StatePool};
 
 use self::hybrid::RunningStates;
+pub(crate) use self::hybrid::SnapshotSpacing;
 pub(crate) use self::lease::CacheLease;
 use self::prefix::PrefixCache;
 use super::cache_key::CacheKeyBuf;
@@ -61,18 +62,17 @@ pub(crate) struct RequestCache {
 impl RequestCache {
     /// A cache over `pool`; a hybrid model's `state` pool (of its bytes a slot) holds `running`
     /// slots for running sequences followed by its snapshot slots. `enabled: false` (`--no-prefix-cache`) reuses
-    /// nothing; a hybrid model's prefixes are resumed at snapshots at least every
-    /// `snapshot_interval` prompt tokens.
+    /// nothing; a hybrid model's prefills save their state as `spacing` says.
     pub(crate) fn new(
         pool: KvPool,
         state: Option<(StatePool, usize)>,
         running: usize,
         enabled: bool,
-        snapshot_interval: usize,
+        spacing: SnapshotSpacing,
     ) -> Self {
         let snapshot_range = state.as_ref().map(|(s, _)| running as u32..s.num_slots() as u32);
         let prefix = PrefixCache::new(pool.page_size(), pool.num_pages(), enabled, snapshot_range);
-        let states = state.map(|(pool, bytes)| RunningStates::new(pool, bytes, running, snapshot_interval));
+        let states = state.map(|(pool, bytes)| RunningStates::new(pool, bytes, running, spacing));
         RequestCache { prefix, pool, states, disk: None, pending_writes: Vec::new() }
     }
 

@@ -46,6 +46,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         cache_namespace: Default::default(),
         snapshot_points: Vec::new(),
         expected_points: Vec::new(),
+        branch_points: Vec::new(),
         draft_max: None,
     }
 }
