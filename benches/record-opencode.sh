@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Records real OpenCode traffic for cache-bench's `recorded` workload: the pinned OpenCode CLI
 # (scripts/assets.sh) runs coding tasks in two small git repositories (two folders, so two
-# working directories in the system prompt), a new session and then continued ones, against
-# radix-serve on its default model (Qwen2.5-Coder-0.5B-Instruct, which calls OpenCode's tools)
-# with --record-requests. The file holds OpenCode's own system prompt and tool schemas, so it
-# stays in the cache directory and is never committed.
+# working directories in the system prompt), a new session and then continued ones, then two
+# subagents, against radix-serve on its default model (Qwen2.5-Coder-0.5B-Instruct, which calls
+# OpenCode's tools) with --record-requests. The file holds OpenCode's own system prompt and tool
+# schemas, so it stays in the cache directory and is never committed.
 #
 #   benches/record-opencode.sh [OUT.jsonl]    default ~/.cache/radix-serve/recorded/opencode.jsonl
 #
@@ -75,5 +75,10 @@ run alpha run "Use the read tool to read notes.txt, then tell me the secret word
 run alpha run --continue "Now read src/main.rs and tell me what it prints."
 run beta run "Use the read tool to read notes.txt, then tell me the secret word."
 run alpha run --continue "Which file did you read first?"
+# Subagents (issue 32): OpenCode's general and explore agents, run as a task tool call runs them
+# (the 0.5B model does not call the task tool itself). Their tools are the main agent's but some,
+# so their first request branches from the main agent's inside the system block.
+run beta run --agent general "Find which file prints a greeting and report its path."
+run alpha run --agent explore "Which files does this project have?"
 log "$(wc -l < "$out") requests recorded in $out"
 echo "$out"

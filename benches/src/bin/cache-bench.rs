@@ -41,7 +41,8 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct WorkloadArgs {
-    /// Comma-separated workloads: single, split-system, interleaved, subagent, compaction, and
+    /// Comma-separated workloads: single, split-system, interleaved, subagent, compaction,
+    /// subagent-branch, edited-system, and
     /// `recorded` (the requests in `--recorded FILE`).
     #[arg(long, default_value = "single,split-system,interleaved,subagent,compaction")]
     workloads: String,

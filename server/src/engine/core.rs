@@ -70,9 +70,11 @@ impl EngineConfig {
 /// `--snapshot-interval`'s default: a 10k-token tool output is resumed at most 2k tokens back.
 pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
 
-/// `--branch-spacing`'s default: a subagent or another project branching inside a 7k-token
-/// system block resumes at most this far back, for ~28 snapshots on the block's first prefill
-/// (the first to be evicted, unless a later request branches there).
+/// `--branch-spacing`'s default: a subagent or another project branching inside the system block
+/// resumes at most this far back. OpenCode's 7.4k-token first prompt takes 14 more snapshots
+/// (the first evicted unless a later request branches there) and, its chunks ending at them,
+/// prefills 6-8% slower once; 512 cost nothing measurable but left a subagent's branch 5.9% over
+/// a perfect prefix cache (benches/README.md, issue 32).
 pub const DEFAULT_BRANCH_SPACING: usize = 256;
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
