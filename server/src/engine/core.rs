@@ -73,8 +73,8 @@ pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
 /// `--branch-spacing`'s default: a subagent or another project branching inside the system block
 /// resumes at most this far back. OpenCode's 7.4k-token first prompt takes 14 more snapshots
 /// (the first evicted unless a later request branches there) and, its chunks ending at them,
-/// prefills 6-8% slower once; 512 cost nothing measurable but left a subagent's branch 5.9% over
-/// a perfect prefix cache (benches/README.md, issue 32).
+/// prefilled 4.6% slower once on average (inside the noise); 512 cost nothing measurable but
+/// left a subagent's branch 5.9% over a perfect prefix cache (benches/README.md, issue 32).
 pub const DEFAULT_BRANCH_SPACING: usize = 256;
 
 /// How many computed sequences are remembered to explain cache misses: enough for a few
