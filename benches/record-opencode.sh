@@ -63,6 +63,7 @@ run() {
  "provider": {"radix": {"npm": "@ai-sdk/openai-compatible", "name": "radix-serve",
    "options": {"baseURL": "http://127.0.0.1:$port/v1"},
    "models": {"$name": {"name": "Qwen2.5 Coder 0.5B", "tool_call": true}}}},
+ "agent": {"general": {"mode": "all"}, "explore": {"mode": "all"}},
  "model": "radix/$name", "autoupdate": false, "share": "disabled"}
 EOF
   log "opencode $* (in $(basename "$repo"))"
@@ -75,9 +76,9 @@ run alpha run "Use the read tool to read notes.txt, then tell me the secret word
 run alpha run --continue "Now read src/main.rs and tell me what it prints."
 run beta run "Use the read tool to read notes.txt, then tell me the secret word."
 run alpha run --continue "Which file did you read first?"
-# Subagents (issue 32): OpenCode's general and explore agents, run as a task tool call runs them
-# (the 0.5B model does not call the task tool itself). Their tools are the main agent's but some,
-# so their first request branches from the main agent's inside the system block.
+# Subagents (issue 32): OpenCode's general and explore agents (the 0.5B model does not call the
+# task tool itself; `mode: all` above lets `run --agent` start them), with their own prompts and
+# tools, so their first request branches from the main agent's inside the system block.
 run beta run --agent general "Find which file prints a greeting and report its path."
 run alpha run --agent explore "Which files does this project have?"
 log "$(wc -l < "$out") requests recorded in $out"
