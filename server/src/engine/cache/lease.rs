@@ -29,6 +29,10 @@ pub(crate) struct CacheLease {
     /// Hybrid models: the request's expected points and the prompt's all-but-last token, in
     /// whole pages, ascending: snapshots there are filed as expected.
     pub(super) expected_points: Vec<usize>,
+    /// Hybrid models: the system block's line starts in whole pages, ascending, when this
+    /// sequence starts a conversation there (its match ended inside the block): snapshots
+    /// there are filed as expected, others may branch there (empty otherwise).
+    pub(super) branch_expected: Vec<usize>,
     /// Snapshots taken (tokens, slot) and not yet filed in the tree.
     pub(super) snapshots: Vec<(usize, u32)>,
     /// With pages of more than one token: the state at the last page boundary decoding crossed,

@@ -121,7 +121,8 @@ impl PrefixCache {
     fn file_snapshots(&mut self, seq: SequenceView, lease: &mut CacheLease, upto: usize) {
         let mut later = Vec::new();
         for (len, slot) in std::mem::take(&mut lease.snapshots) {
-            let expected = lease.expects_resume_at(len, seq.prompt_len);
+            let expected =
+                lease.expects_resume_at(len, seq.prompt_len) || lease.branch_expected.binary_search(&len).is_ok();
             if len > upto {
                 later.push((len, slot));
             } else if let Err(slot) = self.tree.attach_snapshot(seq.cache_key(len), slot, expected) {
@@ -195,7 +196,24 @@ impl PrefixCache {
             kv_matched = m.tokens;
             if self.snapshots.is_some() {
                 lease.expected_points = expected_points(seq, self.page_size);
-                self.tree.mark_expected(m.node, m.tokens, &lease.expected_points);
+                // The system block's line starts: a conversation starting there (its match ends
+                // inside the block) expects others to branch there too (a subagent, often many
+                // requests later); a request going on past the block leaves them as they are.
+                let mut lines: Vec<usize> =
+                    seq.request.branch_points.iter().map(|&p| p / self.page_size * self.page_size).collect();
+                lines.dedup();
+                let starts_here = lines.last().is_some_and(|&last| m.tokens <= last);
+                if starts_here {
+                    let mut marked = lease.expected_points.clone();
+                    marked.extend(&lines);
+                    lease.branch_expected = lines;
+                    marked.sort_unstable();
+                    marked.dedup();
+                    self.tree.mark_expected(m.node, m.tokens, &marked);
+                } else {
+                    lease.branch_expected.clear();
+                    self.tree.mark_expected_keeping(m.node, m.tokens, &lease.expected_points, &lines);
+                }
             }
             match (&self.snapshots, m.snapshot) {
                 (None, _) => (node, cached, pages) = (Some(m.node), m.tokens, m.pages),

@@ -158,3 +158,20 @@ fn peeking_at_a_snapshot_does_not_renew_it() {
     assert_ne!(evict_all(&mut matched), untouched, "a match renews the snapshot it resumes from");
     assert_eq!(evict_all(&mut tree), untouched, "a peek renews nothing");
 }
+
+#[test]
+fn a_request_going_past_kept_points_leaves_them_expected() {
+    // A system block's branch point at 1,500, named expected by the conversation that started
+    // there, and that conversation's next prompt end at 1,600.
+    let run = |keep: &[usize]| {
+        let (mut tree, tokens) = tree_with(3000, &[1500, 1600], &[1500, 1600]);
+        // The next turn goes past both, naming only its own end.
+        let m = tree.match_prefix(&tokens);
+        tree.mark_expected_keeping(m.node, m.tokens, &[1600], keep);
+        tree.evict_snapshot()
+    };
+    // Kept: both stay expected, and the cheaper loss (100 tokens from the point above) goes.
+    assert_eq!(run(&[1500]), Some(1));
+    // Not kept: the branch point is redundant under the deeper one and goes first.
+    assert_eq!(run(&[]), Some(0));
+}

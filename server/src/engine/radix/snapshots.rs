@@ -6,7 +6,9 @@
 //!    branch at its node, and the last request through it did not name it expected. A prompt
 //!    that extends this path resumes from the deeper one; only a divergence between the two
 //!    would need it, and agents diverge where requests said they would (the next user turn's
-//!    re-rendered history, the generation prompt, the shared system block: `mark_expected`).
+//!    re-rendered history, the generation prompt, the shared system block: `mark_expected`;
+//!    a system block's line starts, by a conversation starting there, kept by the requests
+//!    that go on past them: `mark_expected_keeping`).
 //! 2. Every other one: a path's deepest snapshot (where the conversation's next turn resumes),
 //!    one where the tree branches (a prefix requests have shared), one the last request through
 //!    it expected a resume at.
@@ -84,7 +86,15 @@ impl RadixCache {
     /// state (an earlier reply the agent did not send back) is superseded too: the expected
     /// snapshots off its path below there become unexpected.
     pub fn mark_expected(&mut self, node: NodeId, depth: usize, expected: &[usize]) {
+        self.mark_expected_keeping(node, depth, expected, &[]);
+    }
+
+    /// [`Self::mark_expected`], leaving the snapshots at `keep` (sorted) as they are: a request
+    /// that goes past a system block's branch points neither needs them nor knows that no other
+    /// conversation will.
+    pub fn mark_expected_keeping(&mut self, node: NodeId, depth: usize, expected: &[usize], keep: &[usize]) {
         debug_assert!(expected.is_sorted(), "expected points must be sorted");
+        debug_assert!(keep.is_sorted(), "kept points must be sorted");
         let inflation = self.snapshot_inflation;
         // Not where the tree branches: there others' conversations grew from the same state.
         let resumed = self
@@ -98,7 +108,9 @@ impl RadixCache {
                 below_resumed.push(at);
             }
             let (parent, edge) = (self.tree.node(at).parent(), self.tree.node(at).tokens().len());
-            if let Some(s) = self.tree.data_mut(at).snapshot.as_mut() {
+            if let Some(s) = self.tree.data_mut(at).snapshot.as_mut()
+                && keep.binary_search(&at_depth).is_err()
+            {
                 s.expected = expected.binary_search(&at_depth).is_ok();
                 if s.expected {
                     s.credit = inflation;
