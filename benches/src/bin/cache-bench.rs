@@ -42,8 +42,7 @@ enum Cmd {
 #[derive(Args, Clone)]
 struct WorkloadArgs {
     /// Comma-separated workloads: single, split-system, interleaved, subagent, compaction,
-    /// subagent-branch, edited-system, and
-    /// `recorded` (the requests in `--recorded FILE`).
+    /// subagent-branch, edited-system, and `recorded` (the requests in `--recorded FILE`).
     #[arg(long, default_value = "single,split-system,interleaved,subagent,compaction")]
     workloads: String,
     /// Chat requests recorded by `radix-serve --record-requests FILE`, for the `recorded`

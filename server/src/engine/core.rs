@@ -63,7 +63,7 @@ impl EngineConfig {
 
     /// Where a hybrid sequence's prefill saves its state besides the request's points.
     fn snapshot_spacing(&self) -> SnapshotSpacing {
-        SnapshotSpacing { interval: self.snapshot_interval.max(1), branch: self.branch_spacing }
+        SnapshotSpacing { interval: self.snapshot_interval, branch: self.branch_spacing }
     }
 }
 
@@ -72,8 +72,8 @@ pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 2048;
 
 /// `--branch-spacing`'s default: a subagent or another project branching inside the system block
 /// resumes at most this far back. OpenCode's 7.4k-token first prompt takes 14 more snapshots
-/// (the first evicted unless a later request branches there) and, its chunks ending at them,
-/// prefilled 4.6% slower once on average (inside the noise); 512 cost nothing measurable but
+/// (kept while conversations start in that block) and, its chunks ending at them, prefilled
+/// 4.6% slower once on average (inside the noise); 512 cost nothing measurable but
 /// left a subagent's branch 5.9% over a perfect prefix cache (benches/README.md, issue 32).
 pub const DEFAULT_BRANCH_SPACING: usize = 256;
 

@@ -122,8 +122,8 @@ impl RunningStates {
     /// (message boundaries, from the API); inside the leading system block, line starts at
     /// least `spacing.branch` tokens apart, so a prompt that branches inside it (a subagent's
     /// tools, another project's paragraph) resumes close by; one every `spacing.interval`
-    /// tokens between them so a long message is not recomputed whole; all but the last prompt token (the same prompt
-    /// sent again resumes there, and so does the next turn of a template that writes the
+    /// tokens between them so a long message is not recomputed whole; all but the last prompt
+    /// token (the same prompt sent again resumes there, and so does the next turn of a template that writes the
     /// reply's start in other tokens than the generation prompt's last), and where its KV
     /// match ended when that was past the snapshot it resumed from: a branch point the traffic
     /// has shown (a session in another folder whose system prompt differs inside one message),
@@ -327,7 +327,7 @@ mod tests {
                 previous = p;
             }
             let last = *marks.last().unwrap();
-            // Every gap before the last mark is at most the interval or ends at a mark or line.
+            // Nothing past the last mark (the prompt's reusable end).
             prop_assert!(points.iter().all(|&p| p <= last));
         }
 
