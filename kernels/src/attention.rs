@@ -109,13 +109,13 @@ pub struct SequenceAttention<'a> {
 /// Rows of `out` that belong to no sequence are left untouched. All inputs
 /// are validated first; on `Err` nothing is written.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention<T: KvElement>(
+pub fn paged_attention<K: KvElement, V: KvElement>(
     layout: &PagedLayout,
     num_heads: usize,
     scale: f32,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    k_cache: &[K],
+    v_cache: &[V],
     seqs: &[SequenceAttention],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
@@ -166,13 +166,13 @@ pub(crate) fn has_avx2() -> bool {
 /// [`paged_attention`] with the instruction set chosen by the caller, which
 /// the CPU must support (anything but `Portable` is ignored off x86_64).
 #[allow(clippy::too_many_arguments)]
-fn run_attention<T: KvElement>(
+fn run_attention<K: KvElement, V: KvElement>(
     layout: &PagedLayout,
     num_heads: usize,
     scale: f32,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    k_cache: &[K],
+    v_cache: &[V],
     seqs: &[SequenceAttention],
     out: &mut [f32],
     isa: Isa,
@@ -287,7 +287,7 @@ impl<'a> OutPtr<'a> {
 }
 
 /// Inputs shared by every task of one [`paged_attention`] call.
-struct Ctx<'a, T> {
+struct Ctx<'a, K, V> {
     page_size: usize,
     slot_len: usize,
     head_dim: usize,
@@ -299,8 +299,8 @@ struct Ctx<'a, T> {
     isa: Isa,
     scale: f32,
     q: &'a [f32],
-    k_cache: &'a [T],
-    v_cache: &'a [T],
+    k_cache: &'a [K],
+    v_cache: &'a [V],
     out: OutPtr<'a>,
 }
 
@@ -322,7 +322,7 @@ impl Rows {
     }
 }
 
-impl<T: KvElement> Ctx<'_, T> {
+impl<K: KvElement, V: KvElement> Ctx<'_, K, V> {
     /// One task: token block `block` of `seq`, head chunk `unit` (kv head
     /// `unit / head_chunks`), over the whole context or, in a split call,
     /// over one chunk of it.
@@ -371,27 +371,27 @@ impl<T: KvElement> Ctx<'_, T> {
         #[cfg(target_arch = "x86_64")]
         if self.isa != Isa::Portable {
             if !(in_place && self.attend_in_place::<true>(task, work, walk)) {
-                let mut src = Converted::<T, true> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
+                let mut src = Converted::<K, V, true> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
                 self.attend_isa::<true, _>(task, work, &mut src);
             }
             return;
         }
         if !(in_place && self.attend_in_place::<false>(task, work, walk)) {
-            let mut src = Converted::<T, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
+            let mut src = Converted::<K, V, false> { k: self.k_cache, v: self.v_cache, walk, kt, vt };
             self.attend_isa::<false, _>(task, work, &mut src);
         }
     }
 
-    /// Runs [`attend`](Self::attend) over the pool read in place, if `T` is
+    /// Runs [`attend`](Self::attend) over the pool read in place, if `K` and `V` are
     /// one of the types the kernels read directly; false if not.
     #[inline(always)]
     fn attend_in_place<const AVX2: bool>(&self, task: Task, work: &mut [f32], walk: PageWalk) -> bool {
         let (k, v) = (self.k_cache, self.v_cache);
-        if let (Some(k), Some(v)) = (T::as_f16_slice(k), T::as_f16_slice(v)) {
+        if let (Some(k), Some(v)) = (K::as_f16_slice(k), V::as_f16_slice(v)) {
             self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
-        } else if let (Some(k), Some(v)) = (T::as_bf16_slice(k), T::as_bf16_slice(v)) {
+        } else if let (Some(k), Some(v)) = (K::as_bf16_slice(k), V::as_bf16_slice(v)) {
             self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
-        } else if let (Some(k), Some(v)) = (T::as_f32_slice(k), T::as_f32_slice(v)) {
+        } else if let (Some(k), Some(v)) = (K::as_f32_slice(k), V::as_f32_slice(v)) {
             self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
         } else {
             return false;
@@ -576,16 +576,24 @@ mod tests {
     /// `tests/` exercise whichever this CPU picks against an f64 reference).
     #[test]
     fn every_isa_agrees_with_the_portable_build() {
-        paths_agree::<f32>();
-        paths_agree::<half::f16>();
-        paths_agree::<half::bf16>();
+        paths_agree::<f32, f32>();
+        paths_agree::<half::f16, half::f16>();
+        paths_agree::<half::bf16, half::bf16>();
+        paths_agree::<crate::KvQ8_0, crate::KvQ8_0>();
+        paths_agree::<crate::KvQ8_0, crate::KvQ4_0>();
+        paths_agree::<half::f16, crate::KvQ4_0>();
     }
 
-    fn paths_agree<T: KvElement>() {
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: 76, page_size: 5, num_pages: 80 };
+    /// A head size the types allow: 76 (scalar column tails) for the float types, 96 for blocks.
+    fn head_dim<K: KvElement, V: KvElement>(float: usize) -> usize {
+        if K::VALUES.max(V::VALUES) > 1 { 96 } else { float }
+    }
+
+    fn paths_agree<K: KvElement, V: KvElement>() {
+        let layout = PagedLayout { num_kv_heads: 2, head_dim: head_dim::<K, V>(76), page_size: 5, num_pages: 80 };
         let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
-        let k: Vec<T> = wave(layout.layer_len(), 0.37).into_iter().map(T::from_f32).collect();
-        let v: Vec<T> = wave(layout.layer_len(), 0.11).into_iter().map(T::from_f32).collect();
+        let k: Vec<K> = crate::kv_from_f32(&wave(layout.layer_len(), 0.37));
+        let v: Vec<V> = crate::kv_from_f32(&wave(layout.layer_len(), 0.11));
         let num_heads = 6;
         let rows = 1 + 21 + 1;
         let q = wave(rows * num_heads * layout.head_dim, 0.73);
@@ -602,7 +610,7 @@ mod tests {
             out
         };
         let portable = run(Isa::Portable);
-        let name = std::any::type_name::<T>();
+        let name = std::any::type_name::<(K, V)>();
         for isa in Isa::available() {
             let fast = run(isa);
             let err = portable.iter().zip(&fast).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
@@ -641,20 +649,23 @@ mod tests {
     /// decode steps (tasks of few rows reading the pool in place, long
     /// contexts split into chunks on a 4-thread pool) equal bitwise the same
     /// tokens computed in one prefill (tasks of 48 rows converting tiles into
-    /// scratch, one task per context), for f16, bf16 and f32 pools.
+    /// scratch, one task per context), for f16, bf16, f32 and block-quantized pools.
     #[test]
     fn decode_steps_equal_prefill_in_every_isa() {
-        decode_equals_prefill::<half::f16>();
-        decode_equals_prefill::<half::bf16>();
-        decode_equals_prefill::<f32>();
+        decode_equals_prefill::<half::f16, half::f16>();
+        decode_equals_prefill::<half::bf16, half::bf16>();
+        decode_equals_prefill::<f32, f32>();
+        decode_equals_prefill::<crate::KvQ8_0, crate::KvQ8_0>();
+        decode_equals_prefill::<crate::KvQ4_0, crate::KvQ4_0>();
+        decode_equals_prefill::<crate::KvQ8_0, half::f16>();
     }
 
-    fn decode_equals_prefill<T: KvElement>() {
+    fn decode_equals_prefill<K: KvElement, V: KvElement>() {
         // Head dim 72: the 64-lane, 16-lane (AVX-512) or 8-lane and scalar column paths.
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: 72, page_size: 16, num_pages: 40 };
+        let layout = PagedLayout { num_kv_heads: 2, head_dim: head_dim::<K, V>(72), page_size: 16, num_pages: 40 };
         let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
-        let k: Vec<T> = wave(layout.layer_len(), 0.37).into_iter().map(T::from_f32).collect();
-        let v: Vec<T> = wave(layout.layer_len(), 0.11).into_iter().map(T::from_f32).collect();
+        let k: Vec<K> = crate::kv_from_f32(&wave(layout.layer_len(), 0.37));
+        let v: Vec<V> = crate::kv_from_f32(&wave(layout.layer_len(), 0.11));
         let (num_heads, len, decoded) = (6, 600, 5);
         let row = num_heads * layout.head_dim;
         let q = wave(len * row, 0.73);
@@ -673,7 +684,7 @@ mod tests {
                 pool.install(|| run_attention(&layout, num_heads, 0.1, q_t, &k, &v, &[seq], &mut one, isa)).unwrap();
                 let want = &whole[t * row..(t + 1) * row];
                 let same = one.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{isa:?} {}: token {t}", std::any::type_name::<T>());
+                assert!(same, "{isa:?} {}: token {t}", std::any::type_name::<(K, V)>());
             }
         }
     }

@@ -3,34 +3,27 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-/// Element type of K/V storage: `f32`, [`half::f16`], [`half::bf16`].
+/// A unit of K/V storage: one value of `f32`, [`half::f16`] or [`half::bf16`], or a block of
+/// [`VALUES`](Self::VALUES) values quantized together ([`KvQ8_0`](crate::KvQ8_0),
+/// [`KvQ4_0`](crate::KvQ4_0)).
 ///
-/// Attention always computes in `f32`; K/V rows are converted on load and
-/// rounded on store ([`write_kv`](crate::write_kv)).
+/// Attention always computes in `f32`; K/V rows are converted on load and rounded (or
+/// quantized) on store ([`write_kv`](crate::write_kv)). A head's row is a whole number of
+/// units, so a block never spans two heads or two tokens.
 pub trait KvElement: Copy + Send + Sync + 'static {
-    /// Converts one element to `f32` (exact for all three types).
-    fn to_f32(self) -> f32;
+    /// Values one unit holds: 1 for the float types, the block length for the quantized ones.
+    const VALUES: usize = 1;
 
-    /// Rounds an `f32` to this type (round to nearest even).
-    fn from_f32(x: f32) -> Self;
+    /// The unit of an empty slot (all values zero).
+    const ZERO: Self;
 
-    /// Converts `src` into `dst` element by element; `dst.len()` must equal
-    /// `src.len()`. Overridden where a faster bulk conversion exists.
-    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        debug_assert_eq!(src.len(), dst.len());
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
-        }
-    }
+    /// Converts the units `src` into `dst`; `dst.len()` must equal
+    /// `src.len() * VALUES`. The same units always give the same bits.
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]);
 
-    /// Rounds `src` into `dst` element by element; `dst.len()` must equal
-    /// `src.len()`. Overridden where a faster bulk conversion exists.
-    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
-        debug_assert_eq!(src.len(), dst.len());
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = Self::from_f32(*s);
-        }
-    }
+    /// Rounds (or quantizes) `src` into the units `dst`; `src.len()` must equal
+    /// `dst.len() * VALUES`. Each unit depends only on its own values.
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]);
 
     /// Borrows `src` as `f32` without copying when `Self` is `f32`, so the
     /// kernels read an `f32` pool in place; `None` for every other type.
@@ -54,16 +47,24 @@ pub trait KvElement: Copy + Send + Sync + 'static {
     }
 }
 
-impl KvElement for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
+/// `values` stored as units of `T` (a whole number of units: `values.len()` a multiple of
+/// `T::VALUES`, asserted).
+pub fn kv_from_f32<T: KvElement>(values: &[f32]) -> Vec<T> {
+    assert!(values.len().is_multiple_of(T::VALUES), "{} values are not whole units of {}", values.len(), T::VALUES);
+    let mut units = vec![T::ZERO; values.len() / T::VALUES];
+    T::slice_from_f32(values, &mut units);
+    units
+}
 
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
+/// The values the units `units` hold, as `f32`.
+pub fn kv_to_f32<T: KvElement>(units: &[T]) -> Vec<f32> {
+    let mut values = vec![0.0; units.len() * T::VALUES];
+    T::slice_to_f32(units, &mut values);
+    values
+}
+
+impl KvElement for f32 {
+    const ZERO: Self = 0.0;
 
     #[inline(always)]
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
@@ -82,15 +83,7 @@ impl KvElement for f32 {
 }
 
 impl KvElement for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
+    const ZERO: Self = f16::ZERO;
 
     #[inline(always)]
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
@@ -109,15 +102,7 @@ impl KvElement for f16 {
 }
 
 impl KvElement for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
+    const ZERO: Self = bf16::ZERO;
 
     #[inline(always)]
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {

@@ -35,6 +35,17 @@ pub enum KernelError {
         actual: usize,
     },
 
+    /// A head's row is not a whole number of a quantized K/V type's blocks.
+    #[error(
+        "head_dim {head_dim} is not a multiple of the KV type's block of {block} values: use f16 K/V for this model"
+    )]
+    HeadNotWholeBlocks {
+        /// Values per head.
+        head_dim: usize,
+        /// Values per block of the K or V type.
+        block: usize,
+    },
+
     /// A row-major slice's length is not a whole number of rows.
     #[error("{what} has length {len}, not a multiple of its row length {row_len}")]
     RaggedRows {

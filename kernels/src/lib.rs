@@ -2,8 +2,9 @@
 //!
 //! The KV cache of one layer is an external paged pool described by a
 //! [`PagedLayout`]: `num_pages * page_size` token slots, each holding
-//! `[num_kv_heads, head_dim]` K (or V) elements of a [`KvElement`] type
-//! (`f32`, `f16`, `bf16`). Sequences address their context through page
+//! `[num_kv_heads, head_dim]` K (or V) values stored as a [`KvElement`] type
+//! (`f32`, `f16`, `bf16`, or the block-quantized [`KvQ8_0`] and [`KvQ4_0`]; K and V may
+//! differ). Sequences address their context through page
 //! tables, so pages can be shared between sequences through the radix cache.
 //!
 //! - [`write_kv`] stores the new tokens' K/V rows into their slots.
@@ -49,6 +50,7 @@ pub mod dense;
 mod element;
 mod error;
 mod gpu_plan;
+mod kv_quant;
 mod layout;
 pub mod moe;
 pub mod quant;
@@ -57,8 +59,9 @@ mod write;
 
 pub use attention::{SequenceAttention, paged_attention};
 pub use cpu::{CPU_ISA_ENV, CpuIsa};
-pub use element::KvElement;
+pub use element::{KvElement, kv_from_f32, kv_to_f32};
 pub use error::KernelError;
+pub use kv_quant::{KV_BLOCK, KvQ4_0, KvQ8_0};
 pub use layout::PagedLayout;
 pub use write::write_kv;
 

@@ -11,7 +11,10 @@
 
 use half::{bf16, f16};
 use proptest::prelude::*;
-use radix_kernels::{KvElement, PagedLayout, SequenceAttention, paged_attention, write_kv};
+use radix_kernels::{
+    KernelError, KvElement, KvQ4_0, KvQ8_0, PagedLayout, SequenceAttention, kv_from_f32, kv_to_f32, paged_attention,
+    write_kv,
+};
 
 /// SplitMix64: small deterministic generator for the fixed random tests.
 struct Rng(u64);
@@ -68,17 +71,17 @@ impl Seq {
 }
 
 /// A random batch over a random pool.
-struct Case<T> {
+struct Case<K, V = K> {
     layout: PagedLayout,
     num_heads: usize,
     scale: f32,
     q: Vec<f32>,
-    k: Vec<T>,
-    v: Vec<T>,
+    k: Vec<K>,
+    v: Vec<V>,
     seqs: Vec<Seq>,
 }
 
-impl<T: KvElement> Case<T> {
+impl<K: KvElement, V: KvElement> Case<K, V> {
     /// `shapes`: (context_len, query_len) per sequence. Page tables take
     /// shuffled page ids (plus spare pages nobody uses), query rows are laid
     /// out in a shuffled sequence order, and every slot of the pool, used or
@@ -112,11 +115,17 @@ impl<T: KvElement> Case<T> {
             seqs[i].query_start = row;
             row += seqs[i].query_len;
         }
-        let kv: Vec<T> = rng.vec(layout.layer_len(), 1.0).into_iter().map(T::from_f32).collect();
-        let v: Vec<T> = rng.vec(layout.layer_len(), 1.0).into_iter().map(T::from_f32).collect();
+        let kv: Vec<K> = kv_from_f32(&rng.vec(layout.layer_len(), 1.0));
+        let v: Vec<V> = kv_from_f32(&rng.vec(layout.layer_len(), 1.0));
         // Queries of amplitude 3 give peaked as well as flat softmaxes.
         let q = rng.vec(row * num_heads * head_dim, 3.0);
         Case { layout, num_heads, scale: 1.0 / (head_dim as f32).sqrt(), q, k: kv, v, seqs }
+    }
+
+    /// The same batch over K/V of other types, left empty for the caller to fill.
+    fn with_types<K2, V2>(&self) -> Case<K2, V2> {
+        let (layout, num_heads, scale) = (self.layout, self.num_heads, self.scale);
+        Case { layout, num_heads, scale, q: self.q.clone(), k: Vec::new(), v: Vec::new(), seqs: self.seqs.clone() }
     }
 
     fn run(&self) -> Vec<f32> {
@@ -134,16 +143,16 @@ impl<T: KvElement> Case<T> {
         let group = h / kvh;
         let mut out = vec![f64::NAN; self.q.len()];
         for s in &self.seqs {
-            let gather = |cache: &[T]| -> Vec<f64> {
+            let gather = |cache: &[f32]| -> Vec<f64> {
                 let mut dense = Vec::with_capacity(s.context_len * kvh * d);
                 for p in 0..s.context_len {
                     let slot = l.slot(s.page_table[p / l.page_size], p % l.page_size);
                     let row = &cache[slot * l.slot_len()..(slot + 1) * l.slot_len()];
-                    dense.extend(row.iter().map(|x| x.to_f32() as f64));
+                    dense.extend(row.iter().map(|&x| x as f64));
                 }
                 dense
             };
-            let (k, v) = (gather(&self.k), gather(&self.v));
+            let (k, v) = (gather(&kv_to_f32(&self.k)), gather(&kv_to_f32(&self.v)));
             for i in 0..s.query_len {
                 let pos = s.context_len - s.query_len + i;
                 let row = s.query_start + i;
@@ -203,13 +212,18 @@ fn mixed_shapes(rng: &mut Rng) -> Vec<(usize, usize)> {
 
 /// Runs every geometry for one storage type, checking `max_err <= tol(ref)`.
 fn check_all_geometries<T: KvElement>(seed: u64, tol: impl Fn(f64) -> f64) {
+    check_geometries::<T, T>(&HEAD_DIMS, seed, tol);
+}
+
+/// [`check_all_geometries`] over `head_dims`, with K and V of their own types.
+fn check_geometries<K: KvElement, V: KvElement>(head_dims: &[usize], seed: u64, tol: impl Fn(f64) -> f64) {
     let mut rng = Rng(seed);
     let mut checked = 0;
-    for &d in &HEAD_DIMS {
+    for &d in head_dims {
         for &heads in &HEADS {
             for &ps in &PAGE_SIZES {
                 let shapes = mixed_shapes(&mut rng);
-                let case = Case::<T>::random(&mut rng, d, heads, ps, &shapes);
+                let case = Case::<K, V>::random(&mut rng, d, heads, ps, &shapes);
                 let got = case.run();
                 let want = case.reference();
                 let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -222,7 +236,54 @@ fn check_all_geometries<T: KvElement>(seed: u64, tol: impl Fn(f64) -> f64) {
             }
         }
     }
-    assert_eq!(checked, HEAD_DIMS.len() * HEADS.len() * PAGE_SIZES.len());
+    assert_eq!(checked, head_dims.len() * HEADS.len() * PAGE_SIZES.len());
+}
+
+/// Head sizes a block of 32 divides (every Qwen and Llama model's).
+const BLOCK_HEAD_DIMS: [usize; 3] = [32, 64, 128];
+
+#[test]
+fn q8_0_and_q4_0_match_reference_from_quantized_kv() {
+    // The reference reads the same dequantized K/V, so only f32 arithmetic differs.
+    check_geometries::<KvQ8_0, KvQ8_0>(&BLOCK_HEAD_DIMS, 4, |_| 1e-4);
+    check_geometries::<KvQ4_0, KvQ4_0>(&BLOCK_HEAD_DIMS, 5, |_| 1e-4);
+    check_geometries::<KvQ8_0, KvQ4_0>(&BLOCK_HEAD_DIMS, 6, |_| 1e-4);
+    check_geometries::<f16, KvQ8_0>(&BLOCK_HEAD_DIMS, 7, |_| 1e-4);
+}
+
+/// Attention over quantized K/V stays near attention over the values before quantizing: what
+/// the formats cost a layer's output on random rows (the model-level cost is the KL table in
+/// benches/README.md).
+#[test]
+fn quantized_kv_stays_near_f32_kv() {
+    for (seed, (name, bound)) in [("q8_0", 0.02), ("q4_0", 0.2)].into_iter().enumerate() {
+        let mut rng = Rng(60 + seed as u64);
+        let shapes = [(300, 1), (120, 40)];
+        let exact = Case::<f32>::random(&mut rng, 128, (8, 2), 16, &shapes);
+        let (k, v) = (exact.k.clone(), exact.v.clone());
+        let got = if name == "q8_0" {
+            Case::<KvQ8_0> { k: kv_from_f32(&k), v: kv_from_f32(&v), ..exact.with_types() }.run()
+        } else {
+            Case::<KvQ4_0> { k: kv_from_f32(&k), v: kv_from_f32(&v), ..exact.with_types() }.run()
+        };
+        let err = max_err(&got, &exact.reference());
+        assert!(err < bound, "{name}: max |err| {err}");
+    }
+}
+
+#[test]
+fn a_head_that_is_not_whole_blocks_is_refused() {
+    let layout = PagedLayout { num_kv_heads: 1, head_dim: 40, page_size: 2, num_pages: 2 };
+    let k = vec![KvQ8_0::ZERO; 4];
+    let v = vec![0.0f32; layout.layer_len()];
+    let q = vec![0.0f32; 40];
+    let mut out = vec![0.0f32; 40];
+    let seq = SequenceAttention { query_start: 0, query_len: 1, context_len: 1, page_table: &[0] };
+    let err = paged_attention(&layout, 1, 1.0, &q, &k, &v, &[seq], &mut out).unwrap_err();
+    assert_eq!(err, KernelError::HeadNotWholeBlocks { head_dim: 40, block: 32 });
+    assert!(err.to_string().contains("f16"), "{err}");
+    let (mut k, mut v2) = (k.clone(), v.clone());
+    assert!(write_kv(&layout, &q, &q, &[0], &mut k, &mut v2).is_err());
 }
 
 #[test]
@@ -417,7 +478,7 @@ fn chunked_vs_whole<T: KvElement>(
     let v_new = rng.vec(len * slot_len, 1.0);
     let q = rng.vec(len * row_len, 3.0);
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let fresh = || vec![T::from_f32(0.0); layout.layer_len()];
+    let fresh = || vec![T::ZERO; layout.layer_len() / T::VALUES];
 
     let (mut k, mut v) = (fresh(), fresh());
     write_kv(&layout, &k_new, &v_new, &slots, &mut k, &mut v).unwrap();
@@ -475,6 +536,12 @@ fn decode_over_split_contexts_equals_one_prefill() {
         let (chunked, whole) = chunked_vs_whole::<f16>(d, heads, page, len, &cuts, threads, 40 + i as u64);
         let diff = chunked.iter().zip(&whole).filter(|(a, b)| a != b).count();
         assert_eq!(diff, 0, "case {i}: {diff} of {} outputs differ", whole.len());
+        if d % 32 == 0 {
+            let (chunked, whole) = chunked_vs_whole::<KvQ8_0>(d, heads, page, len, &cuts, threads, 50 + i as u64);
+            assert!(chunked == whole, "q8_0, case {i}");
+            let (chunked, whole) = chunked_vs_whole::<KvQ4_0>(d, heads, page, len, &cuts, threads, 60 + i as u64);
+            assert!(chunked == whole, "q4_0, case {i}");
+        }
     }
 }
 
@@ -529,21 +596,24 @@ proptest! {
 
 /// Reads back a slot's K and V as f32.
 fn read_slot<T: KvElement>(layout: &PagedLayout, cache: &[T], slot: usize) -> Vec<f32> {
-    cache[slot * layout.slot_len()..(slot + 1) * layout.slot_len()].iter().map(|x| x.to_f32()).collect()
+    let units = layout.slot_len() / T::VALUES;
+    kv_to_f32(&cache[slot * units..(slot + 1) * units])
 }
 
-fn write_then_read_back<T: KvElement>() {
+fn write_then_read_back<T: KvElement>(head_dim: usize) {
     let mut rng = Rng(7);
-    let layout = PagedLayout { num_kv_heads: 3, head_dim: 10, page_size: 4, num_pages: 5 };
-    let sentinel = T::from_f32(42.0);
-    let mut k = vec![sentinel; layout.layer_len()];
-    let mut v = vec![sentinel; layout.layer_len()];
+    let layout = PagedLayout { num_kv_heads: 3, head_dim, page_size: 4, num_pages: 5 };
+    let sentinel = kv_from_f32::<T>(&vec![42.0; T::VALUES])[0];
+    // 42 as the type stores it (a q8_0 scale rounds to f16).
+    let stored = kv_to_f32(&[sentinel])[0];
+    let mut k = vec![sentinel; layout.layer_len() / T::VALUES];
+    let mut v = vec![sentinel; layout.layer_len() / T::VALUES];
     // Slot 6 twice: the later row wins.
     let slots = [19u32, 0, 6, 13, 6];
     let k_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
     let v_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
     write_kv(&layout, &k_new, &v_new, &slots, &mut k, &mut v).unwrap();
-    let round = |xs: &[f32]| xs.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+    let round = |xs: &[f32]| kv_to_f32(&kv_from_f32::<T>(xs));
     for (row, &slot) in slots.iter().enumerate() {
         if row == 2 {
             continue;
@@ -554,8 +624,8 @@ fn write_then_read_back<T: KvElement>() {
     }
     for slot in 0..layout.num_pages * layout.page_size {
         if !slots.contains(&(slot as u32)) {
-            assert!(read_slot(&layout, &k, slot).iter().all(|&x| x == 42.0));
-            assert!(read_slot(&layout, &v, slot).iter().all(|&x| x == 42.0));
+            assert!(read_slot(&layout, &k, slot).iter().all(|&x| x == stored));
+            assert!(read_slot(&layout, &v, slot).iter().all(|&x| x == stored));
         }
     }
     assert_eq!(layout.slot(3, 1), 13);
@@ -563,15 +633,21 @@ fn write_then_read_back<T: KvElement>() {
 
 #[test]
 fn write_kv_reads_back_f32() {
-    write_then_read_back::<f32>();
+    write_then_read_back::<f32>(10);
 }
 
 #[test]
 fn write_kv_reads_back_f16() {
-    write_then_read_back::<f16>();
+    write_then_read_back::<f16>(10);
 }
 
 #[test]
 fn write_kv_reads_back_bf16() {
-    write_then_read_back::<bf16>();
+    write_then_read_back::<bf16>(10);
+}
+
+#[test]
+fn write_kv_reads_back_q8_0_and_q4_0() {
+    write_then_read_back::<KvQ8_0>(64);
+    write_then_read_back::<KvQ4_0>(32);
 }

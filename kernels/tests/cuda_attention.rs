@@ -85,8 +85,8 @@ fn run_case<T: KvElement + candle_core::WithDType>(rng: &mut Rng, device: &Devic
     let n = start;
     let (row, slot_len) = (case.num_heads * l.head_dim, l.slot_len());
     let fill = |rng: &mut Rng, len: usize| (0..len).map(|_| rng.activation()).collect::<Vec<f32>>();
-    let mut k_cache: Vec<T> = fill(rng, l.layer_len()).into_iter().map(<T as KvElement>::from_f32).collect();
-    let mut v_cache: Vec<T> = fill(rng, l.layer_len()).into_iter().map(<T as KvElement>::from_f32).collect();
+    let mut k_cache: Vec<T> = radix_kernels::kv_from_f32(&fill(rng, l.layer_len()));
+    let mut v_cache: Vec<T> = radix_kernels::kv_from_f32(&fill(rng, l.layer_len()));
     let (q, k_new, v_new) = (fill(rng, n * row), fill(rng, n * slot_len), fill(rng, n * slot_len));
 
     let gpu_k = Tensor::from_slice(&k_cache, l.layer_len(), device).unwrap();

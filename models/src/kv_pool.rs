@@ -6,122 +6,57 @@
 //! device (the tensor path: CUDA, Metal, or the CPU when testing that path). Both have the same
 //! layout, [`PagedLayout`].
 
-use candle_core::{DType, Device, Tensor};
-use half::vec::HalfBitsVecExt;
-use half::{bf16, f16};
+use candle_core::{Device, Tensor};
 use radix_kernels::PagedLayout;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
-/// Element type of the stored K/V.
+mod storage;
+
+pub use storage::KvDType;
+pub(crate) use storage::{KvSlice, KvStorage};
+
+/// The element types of a pool's K and of its V, chosen separately as llama.cpp's
+/// `--cache-type-k` and `--cache-type-v` are. One type converts into both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvDType {
-    /// 4 bytes per element.
-    F32,
-    /// 2 bytes per element.
-    F16,
-    /// 2 bytes per element.
-    BF16,
+pub struct KvTypes {
+    /// K's type.
+    pub k: KvDType,
+    /// V's type.
+    pub v: KvDType,
 }
 
-impl KvDType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            KvDType::F32 => 4,
-            KvDType::F16 | KvDType::BF16 => 2,
-        }
+impl From<KvDType> for KvTypes {
+    fn from(both: KvDType) -> Self {
+        KvTypes { k: both, v: both }
     }
 }
 
-/// One layer's K or V storage.
-#[derive(Debug, Clone)]
-pub(crate) enum KvStorage {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    /// `[layer_len]` elements on a device.
-    Tensor(Tensor),
+impl KvTypes {
+    /// Checks that the CPU kernels are built for this pair: f32 and bf16 only with themselves
+    /// (they are for tests and for the tensor path), f16, q8_0 and q4_0 in any pair.
+    pub fn check(self) -> Result<Self> {
+        let mixable = |t: KvDType| matches!(t, KvDType::F16 | KvDType::Q8_0 | KvDType::Q4_0);
+        if self.k == self.v || (mixable(self.k) && mixable(self.v)) {
+            Ok(self)
+        } else {
+            Err(ModelError::KvPool(format!(
+                "K as {} with V as {} is not a pair the kernels read: f16, q8_0 and q4_0 mix freely, f32 and bf16 only with themselves",
+                self.k, self.v
+            )))
+        }
+    }
+
+    /// Bytes `values` values of K plus as many of V take.
+    pub fn bytes(self, values: usize) -> usize {
+        self.k.bytes(values) + self.v.bytes(values)
+    }
 }
 
-impl KvStorage {
-    fn zeros(dtype: KvDType, len: usize, device: Option<&Device>) -> Result<Self> {
-        Ok(match (device, dtype) {
-            (None, KvDType::F32) => KvStorage::F32(vec![0.0; len]),
-            // Zeroed as integers, which the allocator gets as untouched zero pages: a pool sized
-            // for long contexts costs memory only as it fills (`vec![f16::ZERO; n]` writes every
-            // element, so the whole budget would be resident from start-up).
-            (None, KvDType::F16) => KvStorage::F16(vec![0u16; len].reinterpret_into::<f16>()),
-            (None, KvDType::BF16) => KvStorage::BF16(vec![0u16; len].reinterpret_into::<bf16>()),
-            (Some(device), dtype) => KvStorage::Tensor(Tensor::zeros(len, dtype.candle(), device)?),
-        })
-    }
-
-    /// Appends the elements `range` as little-endian bytes (the disk tier's page layout).
-    fn append_bytes(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) -> Result<()> {
-        fn put<T: Copy, const N: usize>(v: &[T], out: &mut Vec<u8>, bytes: impl Fn(T) -> [u8; N]) {
-            out.reserve(v.len() * N);
-            v.iter().for_each(|&x| out.extend_from_slice(&bytes(x)));
-        }
-        match self {
-            KvStorage::F32(v) => put(&v[range], out, f32::to_le_bytes),
-            KvStorage::F16(v) => put(&v[range], out, f16::to_le_bytes),
-            KvStorage::BF16(v) => put(&v[range], out, bf16::to_le_bytes),
-            KvStorage::Tensor(t) => {
-                let part = t.narrow(0, range.start, range.len())?;
-                match t.dtype() {
-                    DType::F32 => put(&part.to_vec1::<f32>()?, out, f32::to_le_bytes),
-                    DType::F16 => put(&part.to_vec1::<f16>()?, out, f16::to_le_bytes),
-                    DType::BF16 => put(&part.to_vec1::<bf16>()?, out, bf16::to_le_bytes),
-                    other => return Err(ModelError::KvPool(format!("a KV tensor of {other:?}"))),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Overwrites the elements from `start` on with `bytes` in [`append_bytes`](Self::append_bytes)'s layout.
-    fn set_bytes(&mut self, start: usize, bytes: &[u8]) -> Result<()> {
-        fn get<'a, T, const N: usize>(
-            bytes: &'a [u8],
-            from: impl Fn([u8; N]) -> T + 'a,
-        ) -> impl Iterator<Item = T> + 'a {
-            bytes.chunks_exact(N).map(move |c| from(c.try_into().expect("chunks of N bytes")))
-        }
-        fn set<T, const N: usize>(v: &mut [T], bytes: &[u8], from: impl Fn([u8; N]) -> T) {
-            v.iter_mut().zip(get(bytes, from)).for_each(|(d, x)| *d = x);
-        }
-        match self {
-            KvStorage::F32(v) => set(&mut v[start..start + bytes.len() / 4], bytes, f32::from_le_bytes),
-            KvStorage::F16(v) => set(&mut v[start..start + bytes.len() / 2], bytes, f16::from_le_bytes),
-            KvStorage::BF16(v) => set(&mut v[start..start + bytes.len() / 2], bytes, bf16::from_le_bytes),
-            KvStorage::Tensor(t) => {
-                let device = t.device().clone();
-                let part = match t.dtype() {
-                    DType::F32 => Tensor::new(get(bytes, f32::from_le_bytes).collect::<Vec<_>>(), &device)?,
-                    DType::F16 => Tensor::new(get(bytes, f16::from_le_bytes).collect::<Vec<_>>(), &device)?,
-                    DType::BF16 => Tensor::new(get(bytes, bf16::from_le_bytes).collect::<Vec<_>>(), &device)?,
-                    other => return Err(ModelError::KvPool(format!("a KV tensor of {other:?}"))),
-                };
-                t.slice_set(&part, 0, start)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) -> Result<()> {
-        match self {
-            KvStorage::F32(v) => v.copy_within(src, dst),
-            KvStorage::F16(v) => v.copy_within(src, dst),
-            KvStorage::BF16(v) => v.copy_within(src, dst),
-            KvStorage::Tensor(t) => {
-                // candle refuses a slice_set from its own storage: copy the source out first.
-                let from = t.narrow(0, src.start, src.len())?.copy()?;
-                t.slice_set(&from, 0, dst)?;
-            }
-        }
-        Ok(())
+impl std::fmt::Display for KvTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v { write!(f, "{}", self.k) } else { write!(f, "K {} / V {}", self.k, self.v) }
     }
 }
 
@@ -132,22 +67,10 @@ pub(crate) struct LayerKv {
     pub(crate) v: KvStorage,
 }
 
-/// The K and V slices of a layer, typed (both always share one element type).
-pub(crate) enum TypedKv<'a> {
-    F32(&'a mut [f32], &'a mut [f32]),
-    F16(&'a mut [f16], &'a mut [f16]),
-    BF16(&'a mut [bf16], &'a mut [bf16]),
-}
-
 impl LayerKv {
-    /// The host slices; `None` for a pool of tensors.
-    pub(crate) fn typed(&mut self) -> Option<TypedKv<'_>> {
-        match (&mut self.k, &mut self.v) {
-            (KvStorage::F32(k), KvStorage::F32(v)) => Some(TypedKv::F32(k, v)),
-            (KvStorage::F16(k), KvStorage::F16(v)) => Some(TypedKv::F16(k, v)),
-            (KvStorage::BF16(k), KvStorage::BF16(v)) => Some(TypedKv::BF16(k, v)),
-            _ => None,
-        }
+    /// The host slices, each of its own type; `None` for a pool of tensors.
+    pub(crate) fn typed(&mut self) -> Option<(KvSlice<'_>, KvSlice<'_>)> {
+        Some((self.k.slice()?, self.v.slice()?))
     }
 
     /// The K and V tensors of a pool on a device; `None` for host storage.
@@ -163,7 +86,7 @@ impl LayerKv {
 #[derive(Debug, Clone)]
 pub struct KvPool {
     layout: PagedLayout,
-    dtype: KvDType,
+    types: KvTypes,
     /// `None`: host vectors; `Some`: tensors on that device.
     device: Option<Device>,
     pub(crate) layers: Vec<LayerKv>,
@@ -171,45 +94,68 @@ pub struct KvPool {
 
 impl KvPool {
     /// Allocates `num_pages` pages of `page_size` token slots for every layer of `config`, in
-    /// host memory (the CPU path).
-    pub fn new(config: &ModelConfig, page_size: usize, num_pages: usize, dtype: KvDType) -> Result<Self> {
-        Self::allocate(config, page_size, num_pages, dtype, None)
+    /// host memory (the CPU path). `types`: one [`KvDType`] for both, or [`KvTypes`].
+    pub fn new(config: &ModelConfig, page_size: usize, num_pages: usize, types: impl Into<KvTypes>) -> Result<Self> {
+        Self::allocate(config, page_size, num_pages, types.into(), None)
     }
 
     /// Like [`new`](Self::new), as tensors on `device` (the tensor path; a model loaded for a
     /// GPU, or with [`LoadOptions::tensor_path`](crate::LoadOptions::tensor_path), needs this).
+    /// The block types are refused there: only the CPU kernels read them.
     pub fn on_device(
         config: &ModelConfig,
         page_size: usize,
         num_pages: usize,
-        dtype: KvDType,
+        types: impl Into<KvTypes>,
         device: &Device,
     ) -> Result<Self> {
-        Self::allocate(config, page_size, num_pages, dtype, Some(device))
+        Self::allocate(config, page_size, num_pages, types.into(), Some(device))
     }
 
     fn allocate(
         config: &ModelConfig,
         page_size: usize,
         num_pages: usize,
-        dtype: KvDType,
+        types: KvTypes,
         device: Option<&Device>,
     ) -> Result<Self> {
+        let types = Self::check(config, types)?;
         let layout = PagedLayout { num_kv_heads: config.num_kv_heads, head_dim: config.head_dim, page_size, num_pages };
         layout.validate().map_err(|e| ModelError::KvPool(e.to_string()))?;
         let mut layers = Vec::new();
         for _ in 0..config.num_kv_layers() {
             layers.push(LayerKv {
-                k: KvStorage::zeros(dtype, layout.layer_len(), device)?,
-                v: KvStorage::zeros(dtype, layout.layer_len(), device)?,
+                k: KvStorage::zeros(types.k, layout.layer_len(), device)?,
+                v: KvStorage::zeros(types.v, layout.layer_len(), device)?,
             });
         }
-        Ok(KvPool { layout, dtype, device: device.cloned(), layers })
+        Ok(KvPool { layout, types, device: device.cloned(), layers })
+    }
+
+    /// `types` if the kernels read that pair and the model's heads are whole blocks of them.
+    fn check(config: &ModelConfig, types: KvTypes) -> Result<KvTypes> {
+        let types = types.check()?;
+        for t in [types.k, types.v] {
+            if !config.head_dim.is_multiple_of(t.values_per_unit()) {
+                return Err(ModelError::KvPool(format!(
+                    "{t} K/V stores blocks of {} values, and this model's heads have {}: use f16",
+                    t.values_per_unit(),
+                    config.head_dim
+                )));
+            }
+        }
+        Ok(types)
     }
 
     /// Allocates as many pages as fit in `budget_bytes`, in host memory.
-    pub fn with_budget(config: &ModelConfig, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<Self> {
-        Self::allocate(config, page_size, Self::pages_in(config, page_size, budget_bytes, dtype)?, dtype, None)
+    pub fn with_budget(
+        config: &ModelConfig,
+        page_size: usize,
+        budget_bytes: usize,
+        types: impl Into<KvTypes>,
+    ) -> Result<Self> {
+        let types = types.into();
+        Self::allocate(config, page_size, Self::pages_in(config, page_size, budget_bytes, types)?, types, None)
     }
 
     /// Allocates as many pages as fit in `budget_bytes`, as tensors on `device`.
@@ -217,15 +163,16 @@ impl KvPool {
         config: &ModelConfig,
         page_size: usize,
         budget_bytes: usize,
-        dtype: KvDType,
+        types: impl Into<KvTypes>,
         device: &Device,
     ) -> Result<Self> {
-        let pages = Self::pages_in(config, page_size, budget_bytes, dtype)?;
-        Self::allocate(config, page_size, pages, dtype, Some(device))
+        let types = types.into();
+        let pages = Self::pages_in(config, page_size, budget_bytes, types)?;
+        Self::allocate(config, page_size, pages, types, Some(device))
     }
 
-    fn pages_in(config: &ModelConfig, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<usize> {
-        let page_bytes = Self::page_bytes(config, page_size, dtype);
+    fn pages_in(config: &ModelConfig, page_size: usize, budget_bytes: usize, types: KvTypes) -> Result<usize> {
+        let page_bytes = Self::page_bytes(config, page_size, types);
         let num_pages = budget_bytes / page_bytes.max(1);
         if num_pages == 0 {
             return Err(ModelError::KvPool(format!(
@@ -241,8 +188,8 @@ impl KvPool {
     }
 
     /// Bytes one page takes across all attention layers, K and V.
-    pub fn page_bytes(config: &ModelConfig, page_size: usize, dtype: KvDType) -> usize {
-        2 * config.num_kv_layers() * page_size * config.num_kv_heads * config.head_dim * dtype.size()
+    pub fn page_bytes(config: &ModelConfig, page_size: usize, types: impl Into<KvTypes>) -> usize {
+        config.num_kv_layers() * types.into().bytes(page_size * config.num_kv_heads * config.head_dim)
     }
 
     /// Geometry of each layer's storage.
@@ -250,9 +197,9 @@ impl KvPool {
         &self.layout
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> KvDType {
-        self.dtype
+    /// K's and V's element types.
+    pub fn types(&self) -> KvTypes {
+        self.types
     }
 
     /// Number of pages.
@@ -276,7 +223,7 @@ impl KvPool {
             )));
         }
         let len = tokens * l.slot_len();
-        // `slot` gives slot ids; the storage is indexed in elements.
+        // `slot` gives slot ids; the storage is indexed in values.
         let (from, to) = (l.slot(src, 0) * l.slot_len(), l.slot(dst, 0) * l.slot_len());
         for layer in &mut self.layers {
             layer.k.copy_within(from..from + len, to)?;
@@ -287,12 +234,13 @@ impl KvPool {
 
     /// Bytes of one page in [`read_page`](Self::read_page)'s layout: every layer's K then V.
     pub fn page_len_bytes(&self) -> usize {
-        2 * self.layers.len() * self.layout.page_size * self.layout.slot_len() * self.dtype.size()
+        self.layers.len() * self.types.bytes(self.layout.page_size * self.layout.slot_len())
     }
 
     /// Appends page `page`'s K/V to `out`: for every layer its K then its V slots, as
-    /// little-endian elements of the pool's type ([`page_len_bytes`](Self::page_len_bytes) of
-    /// them). The disk tier keeps pages in this layout.
+    /// little-endian elements of the pool's types, or GGUF's blocks for q8_0 and q4_0
+    /// ([`page_len_bytes`](Self::page_len_bytes) of them). The disk tier keeps pages in this
+    /// layout.
     pub fn read_page(&self, page: u32, out: &mut Vec<u8>) -> Result<()> {
         let range = self.page_range(page)?;
         for layer in &self.layers {
@@ -312,15 +260,15 @@ impl KvPool {
                 self.page_len_bytes()
             )));
         }
-        let part = range.len() * self.dtype.size();
-        for (layer, bytes) in self.layers.iter_mut().zip(bytes.chunks_exact(2 * part)) {
-            layer.k.set_bytes(range.start, &bytes[..part])?;
-            layer.v.set_bytes(range.start, &bytes[part..])?;
+        let (k_part, v_part) = (self.types.k.bytes(range.len()), self.types.v.bytes(range.len()));
+        for (layer, bytes) in self.layers.iter_mut().zip(bytes.chunks_exact(k_part + v_part)) {
+            layer.k.set_bytes(range.start, &bytes[..k_part])?;
+            layer.v.set_bytes(range.start, &bytes[k_part..])?;
         }
         Ok(())
     }
 
-    /// The elements of page `page` in each layer's storage.
+    /// The values of page `page` in each layer's storage.
     fn page_range(&self, page: u32) -> Result<std::ops::Range<usize>> {
         let l = self.layout;
         if page as usize >= l.num_pages {
@@ -334,23 +282,13 @@ impl KvPool {
     /// that decode speed over a long context can be measured without prefilling it first.
     pub fn fill_random(&mut self, std: f32) -> Result<()> {
         let len = self.layout.layer_len();
-        let dtype = self.dtype.candle();
         for layer in &mut self.layers {
             for storage in [&mut layer.k, &mut layer.v] {
-                match storage {
-                    KvStorage::Tensor(t) => {
-                        let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(dtype)?;
-                        t.slice_set(&noise, 0, 0)?;
-                    }
-                    _ => {
-                        let noise = Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?;
-                        match storage {
-                            KvStorage::F32(v) => v.copy_from_slice(&noise),
-                            KvStorage::F16(v) => v.iter_mut().zip(&noise).for_each(|(d, &x)| *d = f16::from_f32(x)),
-                            KvStorage::BF16(v) => v.iter_mut().zip(&noise).for_each(|(d, &x)| *d = bf16::from_f32(x)),
-                            KvStorage::Tensor(_) => unreachable!("matched above"),
-                        }
-                    }
+                if let KvStorage::Tensor(t) = storage {
+                    let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(t.dtype())?;
+                    t.slice_set(&noise, 0, 0)?;
+                } else {
+                    storage.set_values(0, &Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?)?;
                 }
             }
         }
@@ -362,31 +300,8 @@ impl KvPool {
     #[cfg(test)]
     pub(crate) fn try_read_slot(&self, layer: usize, slot: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = self.layout.slot_len();
-        let range = slot * n..(slot + 1) * n;
-        fn read<T: radix_kernels::KvElement>(v: &[T], r: std::ops::Range<usize>) -> Vec<f32> {
-            v[r].iter().map(|x| x.to_f32()).collect()
-        }
-        let pick = |s: &KvStorage| -> Result<Vec<f32>> {
-            Ok(match s {
-                KvStorage::F32(v) => read(v, range.clone()),
-                KvStorage::F16(v) => read(v, range.clone()),
-                KvStorage::BF16(v) => read(v, range.clone()),
-                KvStorage::Tensor(t) => t.narrow(0, range.start, n)?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-            })
-        };
         let layer = &self.layers[layer];
-        Ok((pick(&layer.k)?, pick(&layer.v)?))
-    }
-}
-
-impl KvDType {
-    /// The candle element type.
-    pub fn candle(self) -> DType {
-        match self {
-            KvDType::F32 => DType::F32,
-            KvDType::F16 => DType::F16,
-            KvDType::BF16 => DType::BF16,
-        }
+        Ok((layer.k.values(slot * n..(slot + 1) * n)?, layer.v.values(slot * n..(slot + 1) * n)?))
     }
 }
 
@@ -398,7 +313,7 @@ mod tests {
     fn config() -> ModelConfig {
         ModelConfig::from_hf_json(
             r#"{"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 32,
+                "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "vocab_size": 32,
                 "rms_norm_eps": 1e-6}"#,
         )
         .unwrap()
@@ -409,9 +324,11 @@ mod tests {
     #[test]
     fn copy_page_copies_the_first_slots_of_every_layer_in_both_storages() {
         let c = config();
-        for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
-            let pools =
-                [KvPool::new(&c, 4, 6, dtype).unwrap(), KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap()];
+        for dtype in KvDType::ALL {
+            let mut pools = vec![KvPool::new(&c, 4, 6, dtype).unwrap()];
+            if !dtype.is_quantized() {
+                pools.push(KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap());
+            }
             for mut pool in pools {
                 pool.fill_random(1.0).unwrap();
                 let before: Vec<_> = (0..24).map(|s| pool.try_read_slot(1, s).unwrap()).collect();
@@ -438,18 +355,26 @@ mod tests {
     #[test]
     fn pages_read_out_and_written_back_are_bit_identical_across_storages() {
         let c = config();
-        for dtype in [KvDType::F32, KvDType::F16, KvDType::BF16] {
+        let mixed = KvTypes { k: KvDType::Q8_0, v: KvDType::Q4_0 };
+        for types in KvDType::ALL.map(KvTypes::from).into_iter().chain([mixed]) {
             let make = |device: bool| match device {
-                false => KvPool::new(&c, 4, 6, dtype).unwrap(),
-                true => KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap(),
+                false => KvPool::new(&c, 4, 6, types).unwrap(),
+                true => KvPool::on_device(&c, 4, 6, types, &Device::Cpu).unwrap(),
             };
-            for (from_device, to_device) in [(false, false), (false, true), (true, false), (true, true)] {
+            let host_only = types.k.is_quantized() || types.v.is_quantized();
+            let storages: &[(bool, bool)] = if host_only {
+                &[(false, false)]
+            } else {
+                &[(false, false), (false, true), (true, false), (true, true)]
+            };
+            let dtype = types;
+            for &(from_device, to_device) in storages {
                 let mut from = make(from_device);
                 from.fill_random(1.0).unwrap();
                 let mut bytes = Vec::new();
                 from.read_page(2, &mut bytes).unwrap();
                 assert_eq!(bytes.len(), from.page_len_bytes());
-                assert_eq!(bytes.len(), KvPool::page_bytes(&c, 4, dtype));
+                assert_eq!(bytes.len(), KvPool::page_bytes(&c, 4, types));
                 let mut to = make(to_device);
                 to.write_page(5, &bytes).unwrap();
                 for layer in 0..2 {
@@ -457,10 +382,33 @@ mod tests {
                         let want = from.try_read_slot(layer, 8 + offset).unwrap();
                         assert_eq!(to.try_read_slot(layer, 20 + offset).unwrap(), want, "{dtype:?} layer {layer}");
                     }
-                    assert_eq!(to.try_read_slot(layer, 19).unwrap().0, vec![0.0; 32], "neighbours untouched");
+                    assert_eq!(to.try_read_slot(layer, 19).unwrap().0, vec![0.0; 64], "neighbours untouched");
                 }
                 assert!(to.write_page(6, &bytes).is_err() && to.write_page(0, &bytes[1..]).is_err());
             }
         }
+    }
+
+    /// A pool of block types takes the bytes the formats say (34 and 18 per 32 values), is
+    /// refused where a head is not whole blocks or on a device, and K and V pair only as the
+    /// kernels are built.
+    #[test]
+    fn block_types_size_pages_and_refuse_what_the_kernels_do_not_read() {
+        let c = config();
+        let f16_page = KvPool::page_bytes(&c, 16, KvDType::F16);
+        assert_eq!(f16_page, 2 * 2 * 16 * 2 * 32 * 2);
+        assert_eq!(KvPool::page_bytes(&c, 16, KvDType::Q8_0) * 64, f16_page * 34);
+        assert_eq!(KvPool::page_bytes(&c, 16, KvDType::Q4_0) * 64, f16_page * 18);
+        let mixed = KvTypes { k: KvDType::Q8_0, v: KvDType::F16 };
+        assert_eq!(KvPool::page_bytes(&c, 16, mixed) * 64, f16_page * (17 + 32));
+        let small = ModelConfig { head_dim: 16, ..c.clone() };
+        let err = KvPool::new(&small, 4, 6, KvDType::Q4_0).unwrap_err().to_string();
+        assert!(err.contains("q4_0") && err.contains("16") && err.contains("f16"), "{err}");
+        let err = KvPool::on_device(&c, 4, 6, KvDType::Q8_0, &Device::Cpu).unwrap_err().to_string();
+        assert!(err.contains("q8_0") && err.contains("CPU"), "{err}");
+        let err = KvPool::new(&c, 4, 6, KvTypes { k: KvDType::F32, v: KvDType::Q8_0 }).unwrap_err().to_string();
+        assert!(err.contains("f32") && err.contains("q8_0"), "{err}");
+        assert_eq!(KvDType::from_name("Q8_0"), Some(KvDType::Q8_0));
+        assert_eq!(KvDType::from_name("q5_1"), None);
     }
 }

@@ -30,7 +30,7 @@ pub use candle_pool::configure_candle_pool;
 pub use config::{Architecture, HybridConfig, ModelConfig, MoeConfig};
 pub use device::{Device, device_name, parse_device};
 pub use error::{ModelError, Result};
-pub use kv_pool::{KvDType, KvPool};
+pub use kv_pool::{KvDType, KvPool, KvTypes};
 pub use model::{LoadOptions, Model};
 /// The instruction-set level of the CPU kernels (`RADIX_CPU_ISA` lowers it).
 pub use radix_kernels::CpuIsa;

@@ -18,7 +18,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::batch::ForwardBatch;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::kv_pool::{KvDType, KvPool};
+use crate::kv_pool::{KvPool, KvTypes};
 use crate::layers::Embedding;
 use crate::recommended_sampling::RecommendedSampling;
 use crate::rope::{Rope, RopeLayout};
@@ -213,7 +213,7 @@ impl Model {
 
     /// A KV pool of `num_pages` pages where this model's forward pass wants it: host memory for
     /// the CPU path, tensors on the model's device for the tensor path.
-    pub fn new_kv_pool(&self, page_size: usize, num_pages: usize, dtype: KvDType) -> Result<KvPool> {
+    pub fn new_kv_pool(&self, page_size: usize, num_pages: usize, dtype: impl Into<KvTypes>) -> Result<KvPool> {
         if self.tensor_path {
             KvPool::on_device(&self.config, page_size, num_pages, dtype, &self.device)
         } else {
@@ -222,7 +222,12 @@ impl Model {
     }
 
     /// [`new_kv_pool`](Self::new_kv_pool) with as many pages as fit in `budget_bytes`.
-    pub fn kv_pool_with_budget(&self, page_size: usize, budget_bytes: usize, dtype: KvDType) -> Result<KvPool> {
+    pub fn kv_pool_with_budget(
+        &self,
+        page_size: usize,
+        budget_bytes: usize,
+        dtype: impl Into<KvTypes>,
+    ) -> Result<KvPool> {
         if self.tensor_path {
             KvPool::with_budget_on(&self.config, page_size, budget_bytes, dtype, &self.device)
         } else {

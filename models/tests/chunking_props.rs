@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model};
+use radix_models::{ForwardBatch, KvDType, KvPool, KvTypes, LoadOptions, Model};
 
 /// Relative L2 allowed between two ways of computing the same logits with f32 K/V.
 const F32_TOLERANCE: f32 = 1e-5;
@@ -178,7 +178,8 @@ struct Exactness {
     page_size: bool,
 }
 
-fn check_arch(arch: &str, kv: KvDType, tolerance: f32, exact: Exactness, cases: u32) {
+fn check_arch(arch: &str, kv: impl Into<KvTypes>, tolerance: f32, exact: Exactness, cases: u32) {
+    let kv: KvTypes = kv.into();
     let model =
         Model::load(&fixture(arch), &LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() })
             .unwrap();
@@ -195,7 +196,7 @@ fn check_arch(arch: &str, kv: KvDType, tolerance: f32, exact: Exactness, cases: 
             .collect(),
     );
     let stats = Mutex::new(Stats::default());
-    let name = format!("{arch} ({kv:?} KV)");
+    let name = format!("{arch} ({kv} KV)");
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     runner
         .run(&case(vocab), |c| {
@@ -291,4 +292,11 @@ fn qwen3_chunking_is_invisible() {
 #[test]
 fn f16_kv_chunking_is_invisible() {
     check_arch("qwen3", KvDType::F16, F16_TOLERANCE, BITWISE, 12);
+}
+
+/// Quantized K/V blocks depend only on their own token's values, so chunking, decode steps and
+/// shared prefixes stay invisible bit for bit with q8_0 K and q4_0 V too.
+#[test]
+fn quantized_kv_chunking_is_invisible() {
+    check_arch("qwen3", KvTypes { k: KvDType::Q8_0, v: KvDType::Q4_0 }, F16_TOLERANCE, BITWISE, 12);
 }

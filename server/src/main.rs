@@ -61,6 +61,8 @@ fn main() -> std::process::ExitCode {
 fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
     args.map(|a| match a.as_str() {
         "-np" => "--parallel".to_owned(),
+        "-ctk" => "--cache-type-k".to_owned(),
+        "-ctv" => "--cache-type-v".to_owned(),
         "-cmoe" => "--cpu-moe".to_owned(),
         "-ncmoe" => "--n-cpu-moe".to_owned(),
         _ => a,

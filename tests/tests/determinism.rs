@@ -150,12 +150,17 @@ fn the_default_model_answers_alike_whatever_the_load_and_the_cache() {
 fn the_hybrid_model_answers_alike_whatever_the_load_and_the_cache() {
     let dir = workspace_root().join("models/tests/fixtures/tiny/qwen35");
     let template = asset("qwen35_template");
-    for file in ["model-q8_0.gguf", "model-f32.gguf"] {
+    // The last run keeps K as q8_0 and V as q4_0 blocks (`-ctk`/`-ctv`): quantized per token, so
+    // the cache and the load change nothing there either.
+    for (file, kv) in [("model-q8_0.gguf", "f16"), ("model-f32.gguf", "f16"), ("model-q8_0.gguf", "quantized")] {
         let model = dir.join(file);
         let mut command = Command::new(binary());
         // A byte vocabulary: 250 words are ~1.6k tokens, prefilled in chunks of 256.
         command.args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2", "-np", "8"]);
         command.args(["-c", "4096", "--batch-tokens", "256", "--chat-template-file", template.to_str().unwrap()]);
+        if kv == "quantized" {
+            command.args(["-ctk", "q8_0", "-ctv", "q4_0"]);
+        }
         let server = Server::start_custom(command);
         check_rounds(&server, 16, 250);
     }

@@ -34,11 +34,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 use radix_kernels::half::f16;
 use radix_kernels::{PagedLayout, SequenceAttention, paged_attention, write_kv};
-use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model, StatePool};
+use radix_models::{ForwardBatch, KvDType, KvPool, KvTypes, LoadOptions, Model, StatePool};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -68,7 +68,7 @@ struct Args {
     /// KV pool budget in MiB.
     #[arg(long = "kv-budget-mib", default_value_t = 256)]
     kv_budget_mib: usize,
-    /// KV element type: f16, bf16 or f32.
+    /// KV element type: f16, bf16, f32, q8_0 or q4_0; `K/V` (e.g. `q8_0/q4_0`) for two.
     #[arg(long = "kv-dtype", default_value = "f16")]
     kv_dtype: String,
     /// Tokens per KV page.
@@ -219,11 +219,10 @@ impl AttentionProbe {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let dtype = match a.kv_dtype.as_str() {
-        "f16" => KvDType::F16,
-        "bf16" => KvDType::BF16,
-        "f32" => KvDType::F32,
-        other => bail!("unknown --kv-dtype {other}"),
+    let kv_type = |name: &str| KvDType::from_name(name).ok_or_else(|| anyhow::anyhow!("unknown --kv-dtype {name}"));
+    let dtype = match a.kv_dtype.split_once('/') {
+        Some((k, v)) => KvTypes { k: kv_type(k)?, v: kv_type(v)? },
+        None => KvTypes::from(kv_type(&a.kv_dtype)?),
     };
     // candle's matmul pool as radix-serve configures it (threads and spin limit), so this times
     // the server's model path. No other thread exists yet.

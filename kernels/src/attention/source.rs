@@ -38,15 +38,15 @@ impl PageWalk<'_> {
 
 /// Tiles converted to f32 into scratch once, for tasks whose many rows share
 /// each tile.
-pub(super) struct Converted<'a, T, const AVX2: bool> {
-    pub k: &'a [T],
-    pub v: &'a [T],
+pub(super) struct Converted<'a, K, V, const AVX2: bool> {
+    pub k: &'a [K],
+    pub v: &'a [V],
     pub walk: PageWalk<'a>,
     pub kt: &'a mut [f32],
     pub vt: &'a mut [f32],
 }
 
-impl<T: KvElement, const AVX2: bool> TileSource for Converted<'_, T, AVX2> {
+impl<K: KvElement, V: KvElement, const AVX2: bool> TileSource for Converted<'_, K, V, AVX2> {
     type Elem = f32;
 
     #[inline(always)]
@@ -54,9 +54,10 @@ impl<T: KvElement, const AVX2: bool> TileSource for Converted<'_, T, AVX2> {
         let d = self.walk.d;
         for (j, (kr, vr)) in self.kt.chunks_exact_mut(d).zip(self.vt.chunks_exact_mut(d)).enumerate() {
             match self.walk.row(t0 + j) {
+                // Rows start at a whole unit: `validate` checked head_dim against both types.
                 Some(b) => {
-                    tile::convert::<AVX2, T>(&self.k[b..b + d], kr);
-                    tile::convert::<AVX2, T>(&self.v[b..b + d], vr);
+                    tile::convert::<AVX2, K>(&self.k[b / K::VALUES..(b + d) / K::VALUES], kr);
+                    tile::convert::<AVX2, V>(&self.v[b / V::VALUES..(b + d) / V::VALUES], vr);
                 }
                 None => {
                     kr.fill(0.0);

@@ -78,7 +78,7 @@ impl TileElement for bf16 {
 /// shift for bf16, in line rather than through `half`'s per-call dispatch.
 #[inline(always)]
 pub(super) fn convert<const AVX2: bool, T: KvElement>(src: &[T], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len());
+    assert_eq!(src.len() * T::VALUES, dst.len());
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         if let Some(src) = T::as_f16_slice(src) {

@@ -2,18 +2,18 @@
 //! with the CUDA path.
 
 use super::SequenceAttention;
-use crate::write::check_len;
-use crate::{KernelError, PagedLayout};
+use crate::write::{check_len, check_units};
+use crate::{KernelError, KvElement, PagedLayout};
 
 /// Checks every shape and bound of [`paged_attention`]'s inputs.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn validate<T>(
+pub(super) fn validate<K: KvElement, V: KvElement>(
     layout: &PagedLayout,
     num_heads: usize,
     scale: f32,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    k_cache: &[K],
+    v_cache: &[V],
     seqs: &[SequenceAttention],
     out: &[f32],
 ) -> Result<(), KernelError> {
@@ -27,8 +27,8 @@ pub(super) fn validate<T>(
     let row_len = num_heads
         .checked_mul(layout.head_dim)
         .ok_or(KernelError::InvalidLayout("num_heads * head_dim overflows usize"))?;
-    check_len("k_cache", k_cache.len(), layout.layer_len())?;
-    check_len("v_cache", v_cache.len(), layout.layer_len())?;
+    check_units::<K>("k_cache", layout, k_cache.len())?;
+    check_units::<V>("v_cache", layout, v_cache.len())?;
     if !q.len().is_multiple_of(row_len) {
         return Err(KernelError::RaggedRows { what: "q", len: q.len(), row_len });
     }

@@ -19,7 +19,7 @@ use super::gather::GatherPlan;
 use crate::batch::{ForwardBatch, SequenceChunk};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::kv_pool::{LayerKv, TypedKv};
+use crate::kv_pool::{KvSlice, LayerKv};
 use crate::rope::{Rope, RopeAngles, RopeTensors};
 
 /// The head geometry of the model's attention layers.
@@ -143,10 +143,21 @@ impl<'a> ForwardContext<'a> {
                 plan.rope.apply(&plan.angles, &mut k, num_kv_heads);
                 let mut out = vec![0.0f32; n * num_heads * head_dim];
                 let (q, k, v, o) = (&q[..], &k[..], &v[..], &mut out[..]);
+                // The pairs `KvTypes::check` lets a pool have.
+                use KvSlice::*;
                 match kv.typed() {
-                    Some(TypedKv::F32(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some(TypedKv::F16(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some(TypedKv::BF16(kc, vc)) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((F32(kc), F32(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((BF16(kc), BF16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((F16(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((F16(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((F16(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q8_0(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q8_0(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q8_0(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q4_0(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q4_0(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some((Q4_0(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
+                    Some(_) => return Err(ModelError::KvPool("a K/V type pair the kernels do not read".into())),
                     None => return Err(pool_mismatch("tensors on a device", "host")),
                 }
                 Ok(Tensor::from_vec(out, (n, num_heads * head_dim), &Device::Cpu)?)
@@ -173,15 +184,15 @@ impl<'a> ForwardContext<'a> {
 impl HostPlan<'_> {
     /// Writes the new tokens' K/V into their slots, then attends over each sequence's context.
     #[allow(clippy::too_many_arguments)]
-    fn attend<T: KvElement>(
+    fn attend<K: KvElement, V: KvElement>(
         &self,
         num_heads: usize,
         scale: f32,
         q: &[f32],
         k: &[f32],
         v: &[f32],
-        k_cache: &mut [T],
-        v_cache: &mut [T],
+        k_cache: &mut [K],
+        v_cache: &mut [V],
         out: &mut [f32],
     ) -> Result<()> {
         write_kv(&self.layout, k, v, &self.slots, k_cache, v_cache)?;

@@ -160,6 +160,7 @@ pub(super) async fn props(State(state): State<Arc<ApiState>>) -> Response {
         build_info: format!("radix-serve {}", env!("CARGO_PKG_VERSION")),
         is_sleeping: false,
         chat_template_tool_use: source.templates.get("tool_use").cloned(),
+        kv_cache: state.kv_cache,
     };
     axum::Json(to_json(&props)).into_response()
 }

@@ -59,6 +59,23 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// recursive parser must not be handed unbounded depth.
 pub const MAX_JSON_DEPTH: usize = 128;
 
+/// The KV cache's element types and size in tokens, as `/props` reports them.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct KvCacheInfo {
+    /// K's type (`--cache-type-k`).
+    #[serde(serialize_with = "kv_type_name")]
+    pub type_k: radix_models::KvDType,
+    /// V's type (`--cache-type-v`).
+    #[serde(serialize_with = "kv_type_name")]
+    pub type_v: radix_models::KvDType,
+    /// Tokens the pool holds, every sequence and cached prefix together.
+    pub capacity_tokens: usize,
+}
+
+fn kv_type_name<S: serde::Serializer>(t: &radix_models::KvDType, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(t.name())
+}
+
 /// What every handler shares.
 pub struct ApiState {
     /// The engine thread.
@@ -86,6 +103,8 @@ pub struct ApiState {
     pub model_path: String,
     /// Most sequences running at once (`--parallel`; llama.cpp's slot count).
     pub total_slots: usize,
+    /// How the KV cache stores K and V, and how many tokens it holds (`/props`).
+    pub kv_cache: KvCacheInfo,
     /// Keys every route but `/health` requires (`--api-key`, `--api-key-file`); none: open.
     pub api_keys: ApiKeys,
     /// Keys that also see prompt text in `/v1/cache` (`--admin-api-key`); none: nobody does.

@@ -240,6 +240,9 @@ pub(crate) struct Props {
     /// The `tool_use` template, where the model has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chat_template_tool_use: Option<String>,
+    /// How K and V are stored and how many tokens the pool holds (ours; llama-server has no
+    /// such field).
+    pub kv_cache: crate::api::KvCacheInfo,
 }
 
 /// `{}`.
