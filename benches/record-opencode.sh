@@ -2,9 +2,10 @@
 # Records real OpenCode traffic for cache-bench's `recorded` workload: the pinned OpenCode CLI
 # (scripts/assets.sh) runs coding tasks in two small git repositories (two folders, so two
 # working directories in the system prompt), a new session and then continued ones, then two
-# subagents, against radix-serve on its default model (Qwen2.5-Coder-0.5B-Instruct, which calls
-# OpenCode's tools) with --record-requests. The file holds OpenCode's own system prompt and tool
-# schemas, so it stays in the cache directory and is never committed.
+# subagents, then two new sessions at once, against radix-serve on its default model
+# (Qwen2.5-Coder-0.5B-Instruct, which calls OpenCode's tools) with --record-requests. The file
+# holds OpenCode's own system prompt and tool schemas, so it stays in the cache directory and is
+# never committed.
 #
 #   benches/record-opencode.sh [OUT.jsonl]    default ~/.cache/radix-serve/recorded/opencode.jsonl
 #
@@ -81,5 +82,13 @@ run alpha run --continue "Which file did you read first?"
 # tools, so their first request branches from the main agent's inside the system block.
 run beta run --agent general "Find which file prints a greeting and report its path."
 run alpha run --agent explore "Which files does this project have?"
+# Two sessions at once (issue 32): a new session in each folder, in flight together, so their
+# requests (titles, tool calls) arrive interleaved and batch in the engine as two agents' would.
+run alpha run "Read Cargo.toml and tell me the package name." &
+first=$!
+sleep 2
+run beta run "Read src/main.rs and tell me what it prints." &
+second=$!
+wait "$first" "$second"
 log "$(wc -l < "$out") requests recorded in $out"
 echo "$out"

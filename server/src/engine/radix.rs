@@ -16,11 +16,12 @@
 //! Hybrid models: a node may also carry a recurrent-state snapshot (a state-pool slot), valid
 //! after exactly its last token; a prefix is usable only up to the deepest snapshot on its
 //! path ([`PrefixMatch::snapshot`]). A split leaves the snapshot with the lower node, whose end
-//! it is. Snapshots are evicted on their own by GreedyDual-Size (Cao and Irani, 1997), the cost
-//! of losing one being the tokens a resume would recompute without it: its distance to the next
-//! snapshot above. Each gets the priority `inflation + cost` when taken or resumed from, the
-//! lowest goes first and the inflation rises to it; so a 5k-token system + tools snapshot
-//! outlives many small message-to-message ones. Before any of that, a snapshot that a deeper
+//! it is. Snapshots are evicted on their own by GreedyDual-Size-Frequency (Cao and Irani, 1997;
+//! Cherkasova, 1998), the cost of losing one being the tokens a resume would recompute without
+//! it (its distance to the next snapshot above) times the requests that used it. Each gets the
+//! priority `inflation + cost x uses` when taken, resumed from or named expected, the lowest
+//! goes first and the inflation rises to it; so a 5k-token system + tools snapshot outlives
+//! many small message-to-message ones, and so does the end of a system block every turn names. Before any of that, a snapshot that a deeper
 //! one on the same unbranched path makes redundant goes first, unless the last request through
 //! it expected a later one to resume there (`radix/snapshots.rs`): an idle session keeps its
 //! tip and the points its next turn diverges at rather than losing them to a busy session's
@@ -60,11 +61,15 @@ type MemNode = Node<u32, Held>;
 struct Snapshot {
     slot: u32,
     /// The tree's inflation when the snapshot was taken, last resumed from, or last named
-    /// expected (GreedyDual-Size).
+    /// expected (GreedyDual-Size-Frequency).
     credit: u64,
     /// The last request whose prefix runs through it named it as a point where a later request
     /// is expected to resume ([`RadixCache::mark_expected`]).
     expected: bool,
+    /// Requests that filed it, resumed from it or named it expected (GreedyDual-Size-Frequency:
+    /// a system block's end that every turn of a session names is worth more than a point one
+    /// request named once).
+    uses: u32,
 }
 
 /// The deepest snapshot on a matched path: where a hybrid model's sequence can resume.

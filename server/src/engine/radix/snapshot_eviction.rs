@@ -175,3 +175,35 @@ fn a_request_going_past_kept_points_leaves_them_expected() {
     // Not kept: the branch point is redundant under the deeper one and goes first.
     assert_eq!(run(&[]), Some(0));
 }
+
+#[test]
+fn a_redundant_snapshot_going_first_does_not_age_the_rest() {
+    // 3100 is redundant (unnamed, a deeper snapshot on the same unbranched path); evicting it
+    // out of priority order must leave the inflation where it was, or the kept snapshots'
+    // credits would all look as old as that fresh one's and go in LRU order.
+    let (mut tree, _) = tree_with(3300, &[3000, 3100, 3200], &[3000, 3200]);
+    tree.snapshot_inflation = 50;
+    for node in tree.tree.nodes().map(|(id, _)| id).collect::<Vec<_>>() {
+        tree.renew_snapshot(node);
+    }
+    assert_eq!(tree.evict_snapshot(), Some(1));
+    assert_eq!(tree.snapshot_inflation, 50, "a redundant eviction leaves the inflation");
+    tree.evict_snapshot().unwrap();
+    assert!(tree.snapshot_inflation > 50, "an eviction in priority order raises it");
+}
+
+#[test]
+fn a_point_every_turn_names_outlives_a_tip_named_once() {
+    // A line start, the system block's end 256 tokens below it, and a session's tip 300
+    // tokens further: by their gaps alone the block's end would go first.
+    let points = [2744, 3000, 3300];
+    let (mut tree, tokens) = tree_with(3400, &points, &points);
+    // Four turns of other sessions run past the block's end and name it (not the tip).
+    for _ in 0..4 {
+        let m = tree.match_prefix(&tokens[..3100]);
+        tree.mark_expected_keeping(m.node, m.tokens, &[3000], &[2744]);
+    }
+    assert_eq!(tree.evict_snapshot(), Some(2), "the tip named once goes before the block's end");
+    let (mut once, _) = tree_with(3400, &points, &points);
+    assert_eq!(once.evict_snapshot(), Some(1), "named once, the block's end is the cheapest");
+}

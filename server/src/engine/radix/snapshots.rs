@@ -13,13 +13,21 @@
 //!    one where the tree branches (a prefix requests have shared), one the last request through
 //!    it expected a resume at.
 //!
-//! Within each group GreedyDual-Size decides: the priority is the credit (the inflation when
-//! the snapshot was taken, resumed from, or last named expected) plus the tokens from the next
-//! snapshot above, the lowest goes first, the older credit and then the deeper node on a tie,
-//! and the inflation rises to the evicted priority.
+//! Within each group GreedyDual-Size-Frequency decides: the priority is the credit (the
+//! inflation when the snapshot was taken, resumed from, or last named expected) plus the tokens
+//! from the next snapshot above times its uses (requests that filed it, resumed from it or named
+//! it expected, at most [`MAX_USES`]), the lowest goes first, the older credit and then the
+//! deeper node on a tie, and the inflation rises to the evicted priority. The uses matter where
+//! snapshots lie close together: a system block's line starts are each a few hundred tokens
+//! from the next, so by their gaps alone the block's end, which every turn of its sessions
+//! names and every new session resumes from, would go as cheaply as a point named once.
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
+
+/// The most uses a snapshot's worth counts: enough for a session's system block to outlive
+/// points named once, few enough that a block no session names any more still ages out.
+const MAX_USES: u32 = 8;
 
 use super::super::cache_key::CacheKey;
 use super::tree::ROOT;
@@ -44,6 +52,7 @@ impl RadixCache {
         let inflation = self.snapshot_inflation;
         if let Some(s) = self.tree.data_mut(node).snapshot.as_mut() {
             s.credit = inflation;
+            s.uses = s.uses.saturating_add(1);
         }
     }
 
@@ -71,7 +80,7 @@ impl RadixCache {
         if found.tokens != key.len() || self.tree.node(node).data.snapshot.is_some() {
             return Err(slot);
         }
-        self.tree.data_mut(node).snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected });
+        self.tree.data_mut(node).snapshot = Some(Snapshot { slot, credit: self.snapshot_inflation, expected, uses: 1 });
         self.snapshots += 1;
         self.debug_check();
         Ok(node)
@@ -114,6 +123,7 @@ impl RadixCache {
                 s.expected = expected.binary_search(&at_depth).is_ok();
                 if s.expected {
                     s.credit = inflation;
+                    s.uses = s.uses.saturating_add(1);
                 }
             }
             at_depth -= edge;
@@ -164,13 +174,19 @@ impl RadixCache {
                 above = n.parent();
             }
             let redundant = !snapshot.expected && node.child_count() < 2 && covered.contains(&id);
-            let key = (!redundant, snapshot.credit + gap as u64, snapshot.credit, Reverse(depth));
+            let worth = gap as u64 * u64::from(snapshot.uses.min(MAX_USES));
+            let key = (!redundant, snapshot.credit + worth, snapshot.credit, Reverse(depth));
             if best.is_none_or(|(k, _)| key < k) {
                 best = Some((key, id));
             }
         }
-        let ((_, priority, _, _), id) = best?;
-        self.snapshot_inflation = self.snapshot_inflation.max(priority);
+        let ((kept, priority, _, _), id) = best?;
+        // Only an eviction in priority order ages the rest: a redundant snapshot goes first
+        // whatever its priority, and a fresh one raising the inflation would make every kept
+        // snapshot look as old as the last eviction's, and the kept ones go in LRU order.
+        if kept {
+            self.snapshot_inflation = self.snapshot_inflation.max(priority);
+        }
         self.snapshots -= 1;
         self.tree.data_mut(id).snapshot.take().map(|s| s.slot)
     }
