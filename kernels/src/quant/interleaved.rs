@@ -200,9 +200,19 @@ pub(crate) fn dequantize_row(ty: QuantType, group: &[u8], nb: usize, r: usize, o
 pub(crate) const MAX_ACTS: usize = 4;
 
 /// Sixteen rows of a group (`nb` group blocks of `ty`) times `acts`: `out[n * 16 + r]`, on a
-/// resolved, available `kernel`. The lengths are checked in every build: the x86 kernels read
-/// through raw pointers.
-pub(crate) fn tile(kernel: QuantKernel, ty: QuantType, group: &[u8], nb: usize, acts: Acts, out: &mut [f32]) {
+/// resolved, available `kernel`. `stream`: the group is read from memory, not from a cache an
+/// earlier tile of the same weights filled, so the x86 kernels ask for its bytes ahead (a hint
+/// only: the results are the same either way). The lengths are checked in every build: the x86
+/// kernels read through raw pointers.
+pub(crate) fn tile(
+    kernel: QuantKernel,
+    ty: QuantType,
+    group: &[u8],
+    nb: usize,
+    acts: Acts,
+    out: &mut [f32],
+    stream: bool,
+) {
     assert_eq!(group.len(), nb * group_block_bytes(ty), "a group of {nb} blocks");
     assert!((1..=MAX_ACTS).contains(&acts.len()), "1 to {MAX_ACTS} activation rows");
     assert_eq!(out.len(), acts.len() * GROUP_ROWS, "sixteen outputs per activation row");
@@ -225,22 +235,22 @@ pub(crate) fn tile(kernel: QuantKernel, ty: QuantType, group: &[u8], nb: usize, 
         // (its caller's check) or the encoding's own detection says the CPU has it.
         unsafe {
             match (kernel, acts) {
-                (QuantKernel::Avx2, Acts::Q8(x)) => return x86::group_avx2(ty, g, nb, x, out),
+                (QuantKernel::Avx2, Acts::Q8(x)) => return x86::group_avx2(ty, g, nb, x, out, stream),
                 (QuantKernel::AvxVnni, Acts::Q8(x)) if vnni_encoding => {
-                    return x86::group_avxvnni(ty, g, nb, x, out);
+                    return x86::group_avxvnni(ty, g, nb, x, out, stream);
                 }
-                (QuantKernel::AvxVnni, Acts::Q8(x)) => return x86::group_avx512vnni_256(ty, g, nb, x, out),
-                (QuantKernel::Avx512, Acts::Q8(x)) => return x86::group_avx512(ty, g, nb, x, out),
-                (QuantKernel::Avx2, Acts::Q8K(x)) => return xk::group_avx2(ty, g, nb, x, out),
+                (QuantKernel::AvxVnni, Acts::Q8(x)) => return x86::group_avx512vnni_256(ty, g, nb, x, out, stream),
+                (QuantKernel::Avx512, Acts::Q8(x)) => return x86::group_avx512(ty, g, nb, x, out, stream),
+                (QuantKernel::Avx2, Acts::Q8K(x)) => return xk::group_avx2(ty, g, nb, x, out, stream),
                 (QuantKernel::AvxVnni, Acts::Q8K(x)) if vnni_encoding => {
-                    return xk::group_avxvnni(ty, g, nb, x, out);
+                    return xk::group_avxvnni(ty, g, nb, x, out, stream);
                 }
-                (QuantKernel::AvxVnni, Acts::Q8K(x)) => return xk::group_avx512vnni_256(ty, g, nb, x, out),
-                (QuantKernel::Avx512, Acts::Q8K(x)) => return xk::group_avx512(ty, g, nb, x, out),
+                (QuantKernel::AvxVnni, Acts::Q8K(x)) => return xk::group_avx512vnni_256(ty, g, nb, x, out, stream),
+                (QuantKernel::Avx512, Acts::Q8K(x)) => return xk::group_avx512(ty, g, nb, x, out, stream),
                 _ => {}
             }
         }
     }
-    let _ = kernel;
+    let _ = (kernel, stream);
     portable_tile(ty, group, nb, acts, out);
 }

@@ -66,10 +66,10 @@ macro_rules! q6_high {
 }
 
 /// Rows `8h..8h + 8` of a group against `N` (at most 2) Q8_K rows over group blocks `blocks`:
-/// `out[n * 16 + 8h + r]`.
+/// `out[n * 16 + 8h + r]`; the first half asks for the blocks ahead where `STREAM`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // `n` indexes several arrays in step
-unsafe fn half<D: Dot, const T: u8, const N: usize>(
+unsafe fn half<D: Dot, const T: u8, const N: usize, const STREAM: bool>(
     g: *const u8,
     blocks: Range<usize>,
     h: usize,
@@ -86,7 +86,7 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
     // The first half's `j`-th chunk step asks for bytes `128 j..128 (j + 1)` of the block
     // `PREFETCH_BLOCKS` on; 32 steps cover every type's block.
     let prefetch_ahead = |gb: *const u8, j: usize| {
-        if h == 0 && 128 * j < p.bytes {
+        if STREAM && h == 0 && 128 * j < p.bytes {
             prefetch(gb.wrapping_add(PREFETCH_BLOCKS * p.bytes + 128 * j), 128);
         }
     };
@@ -218,13 +218,26 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
     }
 }
 
-/// A whole group on 512-bit vectors against `N` (at most 4) Q8_K rows: `out[n * 16 + r]`.
+/// A whole group on 512-bit vectors against `N` (at most 4) Q8_K rows: `out[n * 16 + r]`;
+/// asks for the blocks ahead where `STREAM`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // `n` indexes several arrays in step
-unsafe fn whole<const T: u8, const N: usize>(g: *const u8, nb: usize, x: &[Q8KRow; N], out: &mut [f32]) {
+unsafe fn whole<const T: u8, const N: usize, const STREAM: bool>(
+    g: *const u8,
+    nb: usize,
+    x: &[Q8KRow; N],
+    out: &mut [f32],
+) {
     let p: PartsK = parts_k(TYPES[T as usize]);
     // SAFETY: registers of zeros.
     let mut acc = [unsafe { _mm512_setzero_ps() }; N];
+    // As in `half`: the `j`-th chunk step asks for bytes `128 j..128 (j + 1)` of the block
+    // `PREFETCH_BLOCKS` on.
+    let prefetch_ahead = |gb: *const u8, j: usize| {
+        if STREAM && 128 * j < p.bytes {
+            prefetch(gb.wrapping_add(PREFETCH_BLOCKS * p.bytes + 128 * j), 128);
+        }
+    };
     for b in 0..nb {
         // SAFETY: as in `half`.
         unsafe {
@@ -242,6 +255,7 @@ unsafe fn whole<const T: u8, const N: usize>(g: *const u8, nb: usize, x: &[Q8KRo
                         let mut t = [[_mm512_setzero_si512(); 2]; N];
                         for k in 4 * kk..4 * kk + 4 {
                             let l0 = 4 * k;
+                            prefetch_ahead(gb, 16 * hv + k);
                             let raw = chunk(p.qs, 16 * hv + k);
                             let qh = chunk(p.q6h, 8 * hv + l0 % 32 / 4);
                             let (hl, hh) = q6_high!(_mm512_slli_epi16, _mm512_srli_epi16, qh, l0 >= 32);
@@ -273,6 +287,7 @@ unsafe fn whole<const T: u8, const N: usize>(g: *const u8, nb: usize, x: &[Q8KRo
             for c in 0..4 {
                 let mut t = [[_mm512_setzero_si512(); 2]; N];
                 for i in 8 * c..8 * c + 8 {
+                    prefetch_ahead(gb, i);
                     let raw = chunk(p.qs, i);
                     let mut lo = _mm512_and_si512(raw, low4);
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low4);
@@ -336,29 +351,39 @@ macro_rules! by_type_and_n {
 /// One group on 256-bit vectors with `D`'s products: both halves, at most two activation rows
 /// at a time (more would not fit the sixteen registers).
 #[inline(always)]
-unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32]) {
+unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32], stream: bool) {
     for (part, out) in acts.chunks(2).zip(out.chunks_mut(2 * GROUP_ROWS)) {
         // SAFETY: the caller's.
         unsafe {
-            by_type_and_n!(ty, part, |T, N, x| {
-                // Both halves of each block before the next: the half that reads a 64-byte
-                // line second finds it in L1, and the memory stream never waits on a pass
-                // that reads nothing new (the vocabulary head at one row ran at 17 GB/s in
-                // two whole passes).
-                for b in 0..nb {
-                    half::<D, T, N>(g, b..b + 1, 0, x, out);
-                    half::<D, T, N>(g, b..b + 1, 1, x, out)
-                }
-            })
+            // Both halves of each block before the next: the half that reads a 64-byte line
+            // second finds it in L1, and the memory stream never waits on a pass that reads
+            // nothing new (the vocabulary head at one row ran at 17 GB/s in two whole passes).
+            if stream {
+                by_type_and_n!(ty, part, |T, N, x| for b in 0..nb {
+                    half::<D, T, N, true>(g, b..b + 1, 0, x, out);
+                    half::<D, T, N, true>(g, b..b + 1, 1, x, out)
+                })
+            } else {
+                by_type_and_n!(ty, part, |T, N, x| for b in 0..nb {
+                    half::<D, T, N, false>(g, b..b + 1, 0, x, out);
+                    half::<D, T, N, false>(g, b..b + 1, 1, x, out)
+                })
+            }
         }
     }
 }
 
 /// A group of a K-quant on 512-bit vectors (see [`entry_points`]).
 #[inline(always)]
-unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32]) {
+unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
-    unsafe { by_type_and_n!(ty, acts, |T, N, x| whole::<T, N>(g, nb, x, out)) }
+    unsafe {
+        if stream {
+            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, true>(g, nb, x, out))
+        } else {
+            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, false>(g, nb, x, out))
+        }
+    }
 }
 
 entry_points!(Q8KRow);

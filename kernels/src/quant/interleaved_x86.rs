@@ -113,6 +113,17 @@ pub(crate) fn prefetch(at: *const u8, bytes: usize) {
     }
 }
 
+/// How far ahead of its use a 32-value group block is asked for: about two K-quant group
+/// blocks, as [`super::interleaved_k_x86`] asks, in whole blocks of the type.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Asks, at block `b` of a group of `bytes`-byte blocks, for the block [`PREFETCH_BYTES`] on.
+#[inline(always)]
+fn prefetch_block(g: *const u8, b: usize, bytes: usize) {
+    let ahead = (PREFETCH_BYTES / bytes).max(1);
+    prefetch(g.wrapping_add((b + ahead) * bytes), bytes);
+}
+
 /// Four activation values from `at`, as one 32-bit lane.
 #[inline(always)]
 pub(crate) unsafe fn four(qs: &[i8], at: usize) -> i32 {
@@ -120,10 +131,11 @@ pub(crate) unsafe fn four(qs: &[i8], at: usize) -> i32 {
     unsafe { (qs.as_ptr().add(at) as *const i32).read_unaligned() }
 }
 
-/// Rows `8h..8h + 8` of a group against `N` activation rows: `out[n * 16 + 8h + r]`.
+/// Rows `8h..8h + 8` of a group against `N` activation rows: `out[n * 16 + 8h + r]`; the
+/// first half asks for the blocks ahead where `STREAM`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // `n` indexes several arrays in step
-unsafe fn half<D: Dot, const T: u8, const N: usize>(
+unsafe fn half<D: Dot, const T: u8, const N: usize, const STREAM: bool>(
     g: *const u8,
     nb: usize,
     h: usize,
@@ -143,6 +155,9 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
         // SAFETY: `tile` checked the group for `nb` group blocks and every activation row for
         // `nb` blocks; every offset below lies inside block `b` of each.
         unsafe {
+            if STREAM && h == 0 {
+                prefetch_block(g, b, p.bytes);
+            }
             let gb = g.add(b * p.bytes);
             let bx = |n: usize, j: usize| _mm256_set1_epi32(four(x[n].qs, b * QK8_0 + j));
             let mut s = [[_mm256_setzero_si256(); 2]; N];
@@ -195,16 +210,25 @@ unsafe fn half<D: Dot, const T: u8, const N: usize>(
     }
 }
 
-/// A whole group on 512-bit vectors: `out[n * 16 + r]`.
+/// A whole group on 512-bit vectors: `out[n * 16 + r]`; asks for the blocks ahead where
+/// `STREAM`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // `n` indexes several arrays in step
-unsafe fn whole<const T: u8, const N: usize>(g: *const u8, nb: usize, x: &[Q8Row; N], out: &mut [f32]) {
+unsafe fn whole<const T: u8, const N: usize, const STREAM: bool>(
+    g: *const u8,
+    nb: usize,
+    x: &[Q8Row; N],
+    out: &mut [f32],
+) {
     let p: Parts = parts(TYPES[T as usize]);
     // SAFETY: registers of zeros.
     let mut acc = [unsafe { _mm512_setzero_ps() }; N];
     for b in 0..nb {
         // SAFETY: as in `half`.
         unsafe {
+            if STREAM {
+                prefetch_block(g, b, p.bytes);
+            }
             let gb = g.add(b * p.bytes);
             let bx = |n: usize, j: usize| _mm512_set1_epi32(four(x[n].qs, b * QK8_0 + j));
             let mut s = [[_mm512_setzero_si512(); 2]; N];
@@ -307,21 +331,34 @@ macro_rules! by_type_and_n {
 
 /// One group on 256-bit vectors with `D`'s products, both halves.
 #[inline(always)]
-unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
+unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
     unsafe {
-        by_type_and_n!(ty, acts, |T, N, x| {
-            half::<D, T, N>(g, nb, 0, x, out);
-            half::<D, T, N>(g, nb, 1, x, out)
-        })
+        if stream {
+            by_type_and_n!(ty, acts, |T, N, x| {
+                half::<D, T, N, true>(g, nb, 0, x, out);
+                half::<D, T, N, true>(g, nb, 1, x, out)
+            })
+        } else {
+            by_type_and_n!(ty, acts, |T, N, x| {
+                half::<D, T, N, false>(g, nb, 0, x, out);
+                half::<D, T, N, false>(g, nb, 1, x, out)
+            })
+        }
     }
 }
 
 /// A group of this file's types on 512-bit vectors (see [`entry_points`]).
 #[inline(always)]
-unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32]) {
+unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
-    unsafe { by_type_and_n!(ty, acts, |T, N, x| whole::<T, N>(g, nb, x, out)) }
+    unsafe {
+        if stream {
+            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, true>(g, nb, x, out))
+        } else {
+            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, false>(g, nb, x, out))
+        }
+    }
 }
 
 /// The four entry points of one family of group kernels, `$row` its activation rows: the file
@@ -333,10 +370,18 @@ macro_rules! entry_points {
         ///
         /// # Safety
         /// The CPU must support AVX2, FMA and F16C; `g` holds `nb` group blocks of `ty`, each of
-        /// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to 4.
+        /// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to 4. `stream`:
+        /// ask for the group's bytes ahead of their use (it is read from memory).
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn group_avx2(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
-            unsafe { halves::<$crate::quant::interleaved_x86::Avx2>(ty, g, nb, acts, out) }
+        pub(crate) unsafe fn group_avx2(
+            ty: QuantType,
+            g: *const u8,
+            nb: usize,
+            acts: &[$row],
+            out: &mut [f32],
+            stream: bool,
+        ) {
+            unsafe { halves::<$crate::quant::interleaved_x86::Avx2>(ty, g, nb, acts, out, stream) }
         }
 
         /// [`group_avx2`] with AVX-VNNI's products.
@@ -344,8 +389,15 @@ macro_rules! entry_points {
         /// # Safety
         /// As [`group_avx2`], and the CPU must support AVX-VNNI.
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub(crate) unsafe fn group_avxvnni(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
-            unsafe { halves::<$crate::quant::interleaved_x86::AvxVnni>(ty, g, nb, acts, out) }
+        pub(crate) unsafe fn group_avxvnni(
+            ty: QuantType,
+            g: *const u8,
+            nb: usize,
+            acts: &[$row],
+            out: &mut [f32],
+            stream: bool,
+        ) {
+            unsafe { halves::<$crate::quant::interleaved_x86::AvxVnni>(ty, g, nb, acts, out, stream) }
         }
 
         /// [`group_avx2`] with AVX-512 VNNI's 256-bit products.
@@ -359,8 +411,9 @@ macro_rules! entry_points {
             nb: usize,
             acts: &[$row],
             out: &mut [f32],
+            stream: bool,
         ) {
-            unsafe { halves::<$crate::quant::interleaved_x86::Avx512Vnni>(ty, g, nb, acts, out) }
+            unsafe { halves::<$crate::quant::interleaved_x86::Avx512Vnni>(ty, g, nb, acts, out, stream) }
         }
 
         /// A group on 512-bit vectors.
@@ -368,8 +421,15 @@ macro_rules! entry_points {
         /// # Safety
         /// As [`group_avx2`], and the CPU must support AVX-512 F, BW and VNNI.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        pub(crate) unsafe fn group_avx512(ty: QuantType, g: *const u8, nb: usize, acts: &[$row], out: &mut [f32]) {
-            unsafe { whole_group(ty, g, nb, acts, out) }
+        pub(crate) unsafe fn group_avx512(
+            ty: QuantType,
+            g: *const u8,
+            nb: usize,
+            acts: &[$row],
+            out: &mut [f32],
+            stream: bool,
+        ) {
+            unsafe { whole_group(ty, g, nb, acts, out, stream) }
         }
     };
 }

@@ -382,22 +382,23 @@ impl Job<'_> {
                         Row::Q8(r) => r,
                         Row::Q8K(_) => unreachable!("one format per matmul"),
                     });
-                    self.groups(i, Acts::Q8(&x[..n]), groups.clone());
+                    self.groups(i, Acts::Q8(&x[..n]), groups.clone(), i == xs.start);
                 }
                 Row::Q8K(_) => {
                     let x: [Q8KRow; 4] = std::array::from_fn(|j| match row(j) {
                         Row::Q8K(r) => r,
                         Row::Q8(_) => unreachable!("one format per matmul"),
                     });
-                    self.groups(i, Acts::Q8K(&x[..n]), groups.clone());
+                    self.groups(i, Acts::Q8K(&x[..n]), groups.clone(), i == xs.start);
                 }
             }
             i += n;
         }
     }
 
-    /// Activation rows `i..i + acts.len()` times row groups `groups`.
-    fn groups(&self, i: usize, acts: Acts, groups: Range<usize>) {
+    /// Activation rows `i..i + acts.len()` times row groups `groups`; `first_pass` where these
+    /// are the task's first activation rows, so its weights come from memory rather than cache.
+    fn groups(&self, i: usize, acts: Acts, groups: Range<usize>, first_pass: bool) {
         let (ty, n_out) = (self.w.ty, self.w.n_out);
         let lanes = self.lanes();
         let rb = ty.row_bytes(self.w.k);
@@ -409,7 +410,8 @@ impl Job<'_> {
             match self.w.layout {
                 Layout::Interleaved => {
                     let group = &bytes[g * GROUP_ROWS * rb..(g + 1) * GROUP_ROWS * rb];
-                    interleaved::tile(self.kernel, ty, group, self.w.k / ty.block_values(), acts, out);
+                    let nb = self.w.k / ty.block_values();
+                    interleaved::tile(self.kernel, ty, group, nb, acts, out, first_pass);
                 }
                 Layout::InPlace => {
                     // A last group past `n_out` repeats the last row; its lanes are dropped.
