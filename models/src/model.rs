@@ -130,7 +130,10 @@ impl Model {
         // the Hugging Face layout.
         let layout = if config.arch == Architecture::Llama { RopeLayout::Interleaved } else { RopeLayout::Neox };
         let model = Self::from_source(&source, config, layout, options, progress)?;
-        Ok(Model { recommended_sampling: RecommendedSampling::from_gguf(&source.content().metadata), ..model })
+        let model = Model { recommended_sampling: RecommendedSampling::from_gguf(&source.content().metadata), ..model };
+        drop(source);
+        crate::allocator::release_freed_heap();
+        Ok(model)
     }
 
     fn safetensors_dir(dir: &Path, options: &LoadOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
