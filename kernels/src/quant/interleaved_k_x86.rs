@@ -13,7 +13,7 @@ use super::avx2::fifth_bits;
 use super::blocks::{QK_K, QuantType};
 use super::interleaved::GROUP_ROWS;
 use super::interleaved_k::{PartsK, parts_k};
-use super::interleaved_x86::{Dot, by_n, entry_points, four, prefetch};
+use super::interleaved_x86::{Dot, by_n, by_stream, entry_points, four, prefetch};
 
 /// How many group blocks ahead the first half asks for the bytes it will read. Asked for one
 /// 128-byte run per chunk step, spread over the block, rather than a whole block at its start:
@@ -358,17 +358,10 @@ unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow]
             // Both halves of each block before the next: the half that reads a 64-byte line
             // second finds it in L1, and the memory stream never waits on a pass that reads
             // nothing new (the vocabulary head at one row ran at 17 GB/s in two whole passes).
-            if stream {
-                by_type_and_n!(ty, part, |T, N, x| for b in 0..nb {
-                    half::<D, T, N, true>(g, b..b + 1, 0, x, out);
-                    half::<D, T, N, true>(g, b..b + 1, 1, x, out)
-                })
-            } else {
-                by_type_and_n!(ty, part, |T, N, x| for b in 0..nb {
-                    half::<D, T, N, false>(g, b..b + 1, 0, x, out);
-                    half::<D, T, N, false>(g, b..b + 1, 1, x, out)
-                })
-            }
+            by_stream!(stream, |S| by_type_and_n!(ty, part, |T, N, x| for b in 0..nb {
+                half::<D, T, N, S>(g, b..b + 1, 0, x, out);
+                half::<D, T, N, S>(g, b..b + 1, 1, x, out)
+            }))
         }
     }
 }
@@ -377,13 +370,7 @@ unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow]
 #[inline(always)]
 unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
-    unsafe {
-        if stream {
-            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, true>(g, nb, x, out))
-        } else {
-            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, false>(g, nb, x, out))
-        }
-    }
+    unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
 }
 
 entry_points!(Q8KRow);

@@ -315,6 +315,21 @@ macro_rules! by_n {
 }
 pub(crate) use by_n;
 
+/// Runs `$call` with const `$s` = `$stream`: a kernel's prefetch is a const generic (as a
+/// runtime flag inside the K-quant loop it cost Q6_K's prefill 1.8x, in code generation).
+macro_rules! by_stream {
+    ($stream:expr, |$s:ident| $call:expr) => {
+        if $stream {
+            const $s: bool = true;
+            $call
+        } else {
+            const $s: bool = false;
+            $call
+        }
+    };
+}
+pub(crate) use by_stream;
+
 /// Runs `$call` with const `$t` the tag of `$ty` and const `$n` = `$acts.len()`.
 macro_rules! by_type_and_n {
     ($ty:expr, $acts:expr, |$t:ident, $n:ident, $x:ident| $call:expr) => {
@@ -334,17 +349,10 @@ macro_rules! by_type_and_n {
 unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
     unsafe {
-        if stream {
-            by_type_and_n!(ty, acts, |T, N, x| {
-                half::<D, T, N, true>(g, nb, 0, x, out);
-                half::<D, T, N, true>(g, nb, 1, x, out)
-            })
-        } else {
-            by_type_and_n!(ty, acts, |T, N, x| {
-                half::<D, T, N, false>(g, nb, 0, x, out);
-                half::<D, T, N, false>(g, nb, 1, x, out)
-            })
-        }
+        by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| {
+            half::<D, T, N, S>(g, nb, 0, x, out);
+            half::<D, T, N, S>(g, nb, 1, x, out)
+        }))
     }
 }
 
@@ -352,13 +360,7 @@ unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row],
 #[inline(always)]
 unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
     // SAFETY: the caller's.
-    unsafe {
-        if stream {
-            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, true>(g, nb, x, out))
-        } else {
-            by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, false>(g, nb, x, out))
-        }
-    }
+    unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
 }
 
 /// The four entry points of one family of group kernels, `$row` its activation rows: the file
