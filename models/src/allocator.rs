@@ -31,8 +31,10 @@ pub fn configure_allocator() {
 /// models we bench) is freed once the model is built, but glibc keeps freed heap resident
 /// (up to the 256 MiB `M_TRIM_THRESHOLD` above), so the process held it as if it were
 /// weights: `model-bench`'s load added 101.8 MiB for SmolLM2's 93.8 MiB file and 400.6 for the
-/// Qwen3-0.6B shape's 378.3; 93.9 and 374.3 with this. No-op off glibc.
-pub(crate) fn release_freed_heap() {
+/// Qwen3-0.6B shape's 378.3; 93.9 and 374.3 with this. `Model`'s GGUF load calls it; a
+/// program that parses the header again afterwards (a tokenizer, a template) calls it once
+/// more when it has. No-op off glibc.
+pub fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` only returns free heap memory to the system; it touches no live
     // allocation.

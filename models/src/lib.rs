@@ -24,7 +24,7 @@ pub mod source;
 pub mod state_pool;
 mod weights;
 
-pub use allocator::configure_allocator;
+pub use allocator::{configure_allocator, release_freed_heap};
 pub use batch::{ForwardBatch, SequenceChunk};
 pub use candle_pool::configure_candle_pool;
 pub use config::{Architecture, HybridConfig, ModelConfig, MoeConfig};

@@ -438,6 +438,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         recorder,
         recent: Default::default(),
     });
+    // The tokenizer and the template parsed the GGUF header again after the model's load.
+    radix_models::release_freed_heap();
     runtime.block_on(async move {
         // Stop the loading server first: it stops accepting at once, and connections waiting
         // in the socket's backlog are then taken by the real one.
