@@ -120,7 +120,9 @@ fn every_type_matches_references_and_kernels_agree() {
     for ty in QuantType::ALL {
         // Over all the shapes of a type: one output alone can sit near zero by cancellation.
         let (mut outputs, mut exact) = (Vec::new(), Vec::new());
-        for (n_out, blocks, m) in [(1, 1, 1), (7, 3, 2), (8, 2, 5), (17, 2, 3), (33, 1, 9), (16, 4, 1)] {
+        // (20, 9, 21): more activation rows than one group call takes, in parts of four, over more
+        // blocks than one span of decoded scales.
+        for (n_out, blocks, m) in [(1, 1, 1), (7, 3, 2), (8, 2, 5), (17, 2, 3), (33, 1, 9), (16, 4, 1), (20, 9, 21)] {
             let k = blocks * ty.block_values();
             let w = matrix(&mut rng, ty, n_out, k);
             // Uniform, as in llama.cpp's test (outliers coarsen a 256-value block's step).
@@ -255,11 +257,11 @@ proptest! {
     fn rows_do_not_depend_on_batch_split_or_threads(
         ty in 0usize..8,
         n_out in 1usize..40,
-        blocks in 1usize..4,
-        m in 1usize..12,
-        subset in proptest::collection::vec(0u32..12, 0..8),
+        blocks in 1usize..7,
+        m in 1usize..20,
+        subset in proptest::collection::vec(0u32..20, 0..8),
         rows_per_task in 1usize..48,
-        acts_per_task in 1usize..9,
+        acts_per_task in 1usize..20,
         threads in 1usize..4,
         interleave in any::<bool>(),
         seed in 1u64..u64::MAX,

@@ -196,8 +196,9 @@ pub(crate) fn dequantize_row(ty: QuantType, group: &[u8], nb: usize, r: usize, o
     }
 }
 
-/// The most activation rows one group call takes.
-pub(crate) const MAX_ACTS: usize = 4;
+/// The most activation rows one group call takes: a K-quant kernel decodes a block's scales
+/// once for all of them (the kernels take them four at a time).
+pub(crate) const MAX_ACTS: usize = 16;
 
 /// Sixteen rows of a group (`nb` group blocks of `ty`) times `acts`: `out[n * 16 + r]`, on a
 /// resolved, available `kernel`. `stream`: the group is read from memory, not from a cache an

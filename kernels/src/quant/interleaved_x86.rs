@@ -347,20 +347,26 @@ macro_rules! by_type_and_n {
 /// One group on 256-bit vectors with `D`'s products, both halves.
 #[inline(always)]
 unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
-    // SAFETY: the caller's.
-    unsafe {
-        by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| {
-            half::<D, T, N, S>(g, nb, 0, x, out);
-            half::<D, T, N, S>(g, nb, 1, x, out)
-        }))
+    for (part, (acts, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
+        let stream = stream && part == 0;
+        // SAFETY: the caller's.
+        unsafe {
+            by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| {
+                half::<D, T, N, S>(g, nb, 0, x, out);
+                half::<D, T, N, S>(g, nb, 1, x, out)
+            }))
+        }
     }
 }
 
 /// A group of this file's types on 512-bit vectors (see [`entry_points`]).
 #[inline(always)]
 unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
-    // SAFETY: the caller's.
-    unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
+    for (part, (acts, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
+        let stream = stream && part == 0;
+        // SAFETY: the caller's.
+        unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
+    }
 }
 
 /// The four entry points of one family of group kernels, `$row` its activation rows: the file
@@ -372,7 +378,8 @@ macro_rules! entry_points {
         ///
         /// # Safety
         /// The CPU must support AVX2, FMA and F16C; `g` holds `nb` group blocks of `ty`, each of
-        /// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to 4. `stream`:
+        /// `acts` `nb` blocks, `out` `16 * acts.len()` f32, and `acts.len()` is 1 to
+        /// [`MAX_ACTS`](crate::quant::interleaved::MAX_ACTS). `stream`:
         /// ask for the group's bytes ahead of their use (it is read from memory).
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(crate) unsafe fn group_avx2(

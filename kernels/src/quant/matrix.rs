@@ -374,18 +374,18 @@ impl Job<'_> {
         let mut i = xs.start;
         while i < xs.end {
             let n = (xs.end - i).min(nmax);
-            // Up to four rows; the tile reads the first `n`.
+            // Up to `MAX_ACTS` rows; the tile reads the first `n`.
             let row = |j: usize| act(self.rows.map_or(i + j.min(n - 1), |r| r[i + j.min(n - 1)] as usize));
             match row(0) {
                 Row::Q8(_) => {
-                    let x: [Q8Row; 4] = std::array::from_fn(|j| match row(j) {
+                    let x: [Q8Row; interleaved::MAX_ACTS] = std::array::from_fn(|j| match row(j) {
                         Row::Q8(r) => r,
                         Row::Q8K(_) => unreachable!("one format per matmul"),
                     });
                     self.groups(i, Acts::Q8(&x[..n]), groups.clone(), i == xs.start);
                 }
                 Row::Q8K(_) => {
-                    let x: [Q8KRow; 4] = std::array::from_fn(|j| match row(j) {
+                    let x: [Q8KRow; interleaved::MAX_ACTS] = std::array::from_fn(|j| match row(j) {
                         Row::Q8K(r) => r,
                         Row::Q8(_) => unreachable!("one format per matmul"),
                     });
@@ -404,7 +404,7 @@ impl Job<'_> {
         let rb = ty.row_bytes(self.w.k);
         let bytes = self.w.bytes();
         let n = acts.len();
-        let mut results = [0.0f32; 64];
+        let mut results = [0.0f32; GROUP_ROWS * interleaved::MAX_ACTS];
         for g in groups {
             let out = &mut results[..n * lanes];
             match self.w.layout {
