@@ -13,7 +13,7 @@ use super::avx2::fifth_bits;
 use super::blocks::{QK_K, QuantType};
 use super::interleaved::GROUP_ROWS;
 use super::interleaved_k::{PartsK, parts_k};
-use super::interleaved_x86::{Dot, by_n, by_stream, entry_points, four, prefetch};
+use super::interleaved_x86::{Dot, PASS_ROWS, by_n, by_stream, entry_points, four, passes, prefetch};
 
 /// How many group blocks ahead the first half asks for the bytes it will read. Asked for one
 /// 128-byte run per chunk step, spread over the block, rather than a whole block at its start:
@@ -544,7 +544,7 @@ macro_rules! by_rows_and_stream {
 #[inline(always)]
 unsafe fn halves_of<D: Dot, const T: u8>(g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32], stream: bool) {
     let bytes = parts_k(TYPES[T as usize]).bytes;
-    if acts.len() <= 4 {
+    if acts.len() <= PASS_ROWS {
         // SAFETY: the caller's: block `b < nb` of the group.
         let in_block = |b: usize| InBlock(unsafe { g.add(b * bytes) });
         // SAFETY: the caller's.
@@ -560,12 +560,10 @@ unsafe fn halves_of<D: Dot, const T: u8>(g: *const u8, nb: usize, acts: &[Q8KRow
             unsafe { d.decode::<D, T>(g.add(b * bytes)) };
         }
         let of = |b: usize| &decoded[b - start];
-        for (part, (x, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
-            // Only the first rows' pass reads the span from memory.
+        // Only the first rows' pass reads the span from memory.
+        for (x, out, stream) in passes(acts, out, stream) {
             // SAFETY: the caller's.
-            unsafe {
-                by_rows_and_stream!(x, stream && part == 0, |N, S| blocks::<D, _, T, N, S>(g, span.clone(), of, x, out))
-            }
+            unsafe { by_rows_and_stream!(x, stream, |N, S| blocks::<D, _, T, N, S>(g, span.clone(), of, x, out)) }
         }
     }
 }
@@ -597,9 +595,7 @@ unsafe fn blocks<D: Dot, S: Scales, const T: u8, const N: usize, const STREAM: b
 /// A group of a K-quant on 512-bit vectors (see [`entry_points`]).
 #[inline(always)]
 unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8KRow], out: &mut [f32], stream: bool) {
-    // SAFETY: the caller's.
-    for (part, (acts, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
-        let stream = stream && part == 0;
+    for (acts, out, stream) in passes(acts, out, stream) {
         // SAFETY: the caller's.
         unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
     }

@@ -124,6 +124,20 @@ fn prefetch_block(g: *const u8, b: usize, bytes: usize) {
     prefetch(g.wrapping_add((b + ahead) * bytes), bytes);
 }
 
+/// The most activation rows one kernel pass keeps in registers.
+pub(crate) const PASS_ROWS: usize = 4;
+
+/// `acts` and their outputs in passes of [`PASS_ROWS`] rows, each with whether it streams the
+/// group from memory (`stream` and the first pass: later ones find it in cache).
+pub(crate) fn passes<'a, R>(
+    acts: &'a [R],
+    out: &'a mut [f32],
+    stream: bool,
+) -> impl Iterator<Item = (&'a [R], &'a mut [f32], bool)> {
+    let outs = out.chunks_mut(PASS_ROWS * GROUP_ROWS);
+    acts.chunks(PASS_ROWS).zip(outs).enumerate().map(move |(i, (x, out))| (x, out, stream && i == 0))
+}
+
 /// Four activation values from `at`, as one 32-bit lane.
 #[inline(always)]
 pub(crate) unsafe fn four(qs: &[i8], at: usize) -> i32 {
@@ -347,8 +361,7 @@ macro_rules! by_type_and_n {
 /// One group on 256-bit vectors with `D`'s products, both halves.
 #[inline(always)]
 unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
-    for (part, (acts, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
-        let stream = stream && part == 0;
+    for (acts, out, stream) in passes(acts, out, stream) {
         // SAFETY: the caller's.
         unsafe {
             by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| {
@@ -362,8 +375,7 @@ unsafe fn halves<D: Dot>(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row],
 /// A group of this file's types on 512-bit vectors (see [`entry_points`]).
 #[inline(always)]
 unsafe fn whole_group(ty: QuantType, g: *const u8, nb: usize, acts: &[Q8Row], out: &mut [f32], stream: bool) {
-    for (part, (acts, out)) in acts.chunks(4).zip(out.chunks_mut(4 * GROUP_ROWS)).enumerate() {
-        let stream = stream && part == 0;
+    for (acts, out, stream) in passes(acts, out, stream) {
         // SAFETY: the caller's.
         unsafe { by_stream!(stream, |S| by_type_and_n!(ty, acts, |T, N, x| whole::<T, N, S>(g, nb, x, out))) }
     }
