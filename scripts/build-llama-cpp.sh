@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's CPU tools (llama-bench, llama-quantize, llama-server) from the llama.cpp
+# Builds llama.cpp's CPU tools (llama-bench, llama-quantize, llama-server, llama-perplexity) from the llama.cpp
 # sources vendored in the pinned PyPI sdist of llama-cpp-python, for benchmarks to compare against.
 # Nothing here is committed: the sdist, a venv holding cmake, the build tree and the binaries are
 # cached in $RADIX_LLAMA_CACHE (default ~/.cache/radix-serve/llama.cpp).
 #
 #   scripts/build-llama-cpp.sh          build if needed; print the directory holding the binaries
 #
-# Idempotent: a finished build (bin-VARIANT/.stamp naming the sdist hash) is reused. Takes ~15-30
+# Idempotent: a finished build (bin-VARIANT/.stamp naming the sdist hash, every tool there) is reused. Takes ~15-30
 # minutes on 2 cores the first time; run it niced on a shared machine. JOBS (default: nproc) sets -j.
 #
 # Not GGML_NATIVE: on Intel machines that report AMX while the OS grants no AMX tile state (the
@@ -24,7 +24,7 @@ version=0.3.36
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 root="${RADIX_LLAMA_CACHE:-$HOME/.cache/radix-serve/llama.cpp}"
 dir="$root/$version"
-tools=(llama-bench llama-quantize llama-server)
+tools=(llama-bench llama-quantize llama-server llama-perplexity)
 
 die() { echo "build-llama-cpp.sh: $*" >&2; exit 1; }
 
@@ -51,7 +51,11 @@ done
 variant=${variant:-generic}
 bin="$dir/bin-$variant"
 
-if [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$sha" ]; then
+built() {
+  [ "$(cat "$bin/.stamp" 2>/dev/null)" = "$sha" ] || return 1
+  for t in "${tools[@]}"; do [ -x "$bin/$t" ] || return 1; done
+}
+if built; then
   echo "$bin"; exit 0
 fi
 

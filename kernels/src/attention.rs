@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 use rayon::prelude::*;
 
 use crate::vector::scale;
-use crate::{KernelError, KvElement, PagedLayout};
+use crate::{KernelError, KvElement, PagedLayout, hadamard_rotate, k_rotation_block, v_rotation_block};
 
 mod partial;
 mod plan;
@@ -106,6 +106,10 @@ pub struct SequenceAttention<'a> {
 /// in a prefill. CPUs with AVX2+FMA use fused multiply-adds, so their
 /// results differ from the portable build's in rounding only.
 ///
+/// For K (or V) stored in the Hadamard basis ([`KvElement::ROTATED`]: the quantized types),
+/// the queries are rotated before scoring (and the output rotated back), so the result is
+/// attention over the values that were given to [`write_kv`](crate::write_kv).
+///
 /// Rows of `out` that belong to no sequence are left untouched. All inputs
 /// are validated first; on `Err` nothing is written.
 #[allow(clippy::too_many_arguments)]
@@ -178,6 +182,44 @@ fn run_attention<K: KvElement, V: KvElement>(
     isa: Isa,
 ) -> Result<(), KernelError> {
     validate(layout, num_heads, scale, q, k_cache, v_cache, seqs, out)?;
+    let head_dim = layout.head_dim;
+    let rotated_q: Vec<f32>;
+    let q = if K::ROTATED {
+        // K holds `H k`: `(H q) · (H k)` is the score `q · k`.
+        let mut copy = q.to_vec();
+        let block = k_rotation_block(head_dim);
+        copy.par_chunks_mut(num_heads * head_dim).for_each(|row| hadamard_rotate(row, block));
+        rotated_q = copy;
+        &rotated_q[..]
+    } else {
+        q
+    };
+    attend_batch(layout, num_heads, scale, q, k_cache, v_cache, seqs, out, isa)?;
+    if V::ROTATED {
+        // V holds `H v`: the weighted sum is `H` of the one wanted, and `H` is its own inverse.
+        let (row_len, block) = (num_heads * head_dim, v_rotation_block(head_dim));
+        for seq in seqs {
+            let rows = &mut out[seq.query_start * row_len..(seq.query_start + seq.query_len) * row_len];
+            rows.par_chunks_mut(row_len).for_each(|row| hadamard_rotate(row, block));
+        }
+    }
+    Ok(())
+}
+
+/// [`run_attention`] over validated inputs, with queries and output in the basis K and V are
+/// stored in.
+#[allow(clippy::too_many_arguments)]
+fn attend_batch<K: KvElement, V: KvElement>(
+    layout: &PagedLayout,
+    num_heads: usize,
+    scale: f32,
+    q: &[f32],
+    k_cache: &[K],
+    v_cache: &[V],
+    seqs: &[SequenceAttention],
+    out: &mut [f32],
+    isa: Isa,
+) -> Result<(), KernelError> {
     let group = num_heads / layout.num_kv_heads;
     let plan = Plan::new(layout.num_kv_heads, group, seqs, rayon::current_num_threads());
     let ctx = Ctx {
@@ -568,124 +610,4 @@ impl<K: KvElement, V: KvElement> Ctx<'_, K, V> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every build agrees with the portable one to rounding: max |diff| <=
-    /// 1e-5 on outputs of magnitude <= 1, for each K/V type (the tests in
-    /// `tests/` exercise whichever this CPU picks against an f64 reference).
-    #[test]
-    fn every_isa_agrees_with_the_portable_build() {
-        paths_agree::<f32, f32>();
-        paths_agree::<half::f16, half::f16>();
-        paths_agree::<half::bf16, half::bf16>();
-        paths_agree::<crate::KvQ8_0, crate::KvQ8_0>();
-        paths_agree::<crate::KvQ8_0, crate::KvQ4_0>();
-        paths_agree::<half::f16, crate::KvQ4_0>();
-    }
-
-    /// A head size the types allow: 76 (scalar column tails) for the float types, 96 for blocks.
-    fn head_dim<K: KvElement, V: KvElement>(float: usize) -> usize {
-        if K::VALUES.max(V::VALUES) > 1 { 96 } else { float }
-    }
-
-    fn paths_agree<K: KvElement, V: KvElement>() {
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: head_dim::<K, V>(76), page_size: 5, num_pages: 80 };
-        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
-        let k: Vec<K> = crate::kv_from_f32(&wave(layout.layer_len(), 0.37));
-        let v: Vec<V> = crate::kv_from_f32(&wave(layout.layer_len(), 0.11));
-        let num_heads = 6;
-        let rows = 1 + 21 + 1;
-        let q = wave(rows * num_heads * layout.head_dim, 0.73);
-        let table_a: Vec<u32> = (0..80).rev().collect();
-        let table_b: Vec<u32> = (0..80).map(|p| (p * 7) % 80).collect();
-        let seqs = [
-            SequenceAttention { query_start: 0, query_len: 1, context_len: 390, page_table: &table_a },
-            SequenceAttention { query_start: 1, query_len: 21, context_len: 64, page_table: &table_b },
-            SequenceAttention { query_start: 22, query_len: 1, context_len: 1, page_table: &table_b },
-        ];
-        let run = |isa: Isa| {
-            let mut out = vec![0.0f32; q.len()];
-            run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, isa).unwrap();
-            out
-        };
-        let portable = run(Isa::Portable);
-        let name = std::any::type_name::<(K, V)>();
-        for isa in Isa::available() {
-            let fast = run(isa);
-            let err = portable.iter().zip(&fast).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-            assert!(err <= 1e-5, "{name}: max |{isa:?} - portable| = {err:e}");
-            assert!(fast.iter().all(|x| x.is_finite() && x.abs() <= 1.0), "{name} {isa:?}");
-        }
-    }
-
-    /// Every build gives bitwise equal results whatever the plan: a small
-    /// prefill on 1 thread (tasks of 16 tokens x 3 heads) and on 16 (1 head x
-    /// 48 tokens), with odd head_dim 20 (vector and scalar column paths).
-    #[test]
-    fn every_isa_is_plan_independent() {
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: 20, page_size: 16, num_pages: 8 };
-        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
-        let k = wave(layout.layer_len(), 0.37);
-        let v = wave(layout.layer_len(), 0.11);
-        let num_heads = 6;
-        let q = wave(40 * num_heads * layout.head_dim, 0.73);
-        let table: Vec<u32> = (0..8).rev().collect();
-        let seqs = [SequenceAttention { query_start: 0, query_len: 40, context_len: 90, page_table: &table }];
-        let run = |isa: Isa, threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            let mut out = vec![0.0f32; q.len()];
-            pool.install(|| run_attention(&layout, num_heads, 0.2, &q, &k, &v, &seqs, &mut out, isa)).unwrap();
-            out.into_iter().map(f32::to_bits).collect::<Vec<_>>()
-        };
-        let plans = |threads| Plan::new(layout.num_kv_heads, 3, &seqs, threads);
-        assert_ne!(plans(1).tokens, plans(16).tokens);
-        for isa in Isa::available() {
-            assert_eq!(run(isa, 1), run(isa, 16), "{isa:?}");
-        }
-    }
-
-    /// In every build, the last tokens of a prompt computed one by one as
-    /// decode steps (tasks of few rows reading the pool in place, long
-    /// contexts split into chunks on a 4-thread pool) equal bitwise the same
-    /// tokens computed in one prefill (tasks of 48 rows converting tiles into
-    /// scratch, one task per context), for f16, bf16, f32 and block-quantized pools.
-    #[test]
-    fn decode_steps_equal_prefill_in_every_isa() {
-        decode_equals_prefill::<half::f16, half::f16>();
-        decode_equals_prefill::<half::bf16, half::bf16>();
-        decode_equals_prefill::<f32, f32>();
-        decode_equals_prefill::<crate::KvQ8_0, crate::KvQ8_0>();
-        decode_equals_prefill::<crate::KvQ4_0, crate::KvQ4_0>();
-        decode_equals_prefill::<crate::KvQ8_0, half::f16>();
-    }
-
-    fn decode_equals_prefill<K: KvElement, V: KvElement>() {
-        // Head dim 72: the 64-lane, 16-lane (AVX-512) or 8-lane and scalar column paths.
-        let layout = PagedLayout { num_kv_heads: 2, head_dim: head_dim::<K, V>(72), page_size: 16, num_pages: 40 };
-        let wave = |n: usize, f: f32| (0..n).map(|i| (i as f32 * f).sin()).collect::<Vec<f32>>();
-        let k: Vec<K> = crate::kv_from_f32(&wave(layout.layer_len(), 0.37));
-        let v: Vec<V> = crate::kv_from_f32(&wave(layout.layer_len(), 0.11));
-        let (num_heads, len, decoded) = (6, 600, 5);
-        let row = num_heads * layout.head_dim;
-        let q = wave(len * row, 0.73);
-        let table: Vec<u32> = (0..40).map(|p| (p * 11) % 40).collect();
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
-        for isa in Isa::available() {
-            let mut whole = vec![0.0f32; q.len()];
-            let seq = SequenceAttention { query_start: 0, query_len: len, context_len: len, page_table: &table };
-            pool.install(|| run_attention(&layout, num_heads, 0.1, &q, &k, &v, &[seq], &mut whole, isa)).unwrap();
-            for t in len - decoded..len {
-                let seq = SequenceAttention { query_start: 0, query_len: 1, context_len: t + 1, page_table: &table };
-                let plan = Plan::new(layout.num_kv_heads, 3, &[seq], 4);
-                assert!(plan.split && plan.heads <= IN_PLACE_MAX_ROWS, "{plan:?}");
-                let mut one = vec![0.0f32; row];
-                let q_t = &q[t * row..(t + 1) * row];
-                pool.install(|| run_attention(&layout, num_heads, 0.1, q_t, &k, &v, &[seq], &mut one, isa)).unwrap();
-                let want = &whole[t * row..(t + 1) * row];
-                let same = one.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{isa:?} {}: token {t}", std::any::type_name::<(K, V)>());
-            }
-        }
-    }
-}
+mod tests;

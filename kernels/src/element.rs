@@ -17,6 +17,15 @@ pub trait KvElement: Copy + Send + Sync + 'static {
     /// The unit of an empty slot (all values zero).
     const ZERO: Self;
 
+    /// Whether a head's values are stored rotated into the Hadamard basis
+    /// ([`hadamard_rotate`](crate::hadamard_rotate) over [`k_rotation_block`](crate::k_rotation_block)
+    /// for K, [`v_rotation_block`](crate::v_rotation_block) for V): set for the block-quantized types, whose
+    /// blocks would otherwise take their scale from a model's outlier channels. The units then
+    /// hold `H x` for the values `x` given to [`write_kv`](crate::write_kv); attention computes
+    /// with `x` all the same. [`slice_from_f32`](Self::slice_from_f32) and
+    /// [`slice_to_f32`](Self::slice_to_f32) convert units as stored, without rotating.
+    const ROTATED: bool = false;
+
     /// Converts the units `src` into `dst`; `dst.len()` must equal
     /// `src.len() * VALUES`. The same units always give the same bits.
     fn slice_to_f32(src: &[Self], dst: &mut [f32]);

@@ -6,6 +6,10 @@
 //! `quantize_row_q4_0_ref`), so a block holds the bytes llama.cpp would store for the same
 //! values, and a value's stored form depends only on its own block: a token's K/V is the same
 //! whatever else was written with it, which keeps prefix reuse exact.
+//!
+//! Both types hold each head rotated into the Hadamard basis ([`crate::hadamard_rotate`]), as
+//! llama.cpp stores its quantized K/V: a block then quantizes values of like magnitude instead
+//! of one outlier channel and 31 values rounded to a few steps.
 
 use half::f16;
 
@@ -83,6 +87,7 @@ macro_rules! block_element {
         impl KvElement for $block {
             const VALUES: usize = KV_BLOCK;
             const ZERO: Self = $zero;
+            const ROTATED: bool = true;
 
             #[inline(always)]
             fn slice_to_f32(src: &[Self], dst: &mut [f32]) {

@@ -1,12 +1,13 @@
 //! Writing new K/V rows into the paged pool.
 
-use crate::{KernelError, KvElement, PagedLayout};
+use crate::{KernelError, KvElement, PagedLayout, hadamard_rotate, k_rotation_block, v_rotation_block};
 
 /// Writes new K and V rows (f32, `[n_rows, num_kv_heads, head_dim]`) into the
 /// slots given per row (`slots.len() == n_rows`; a slot id is
 /// `page * page_size + offset`, see [`PagedLayout::slot`]), rounding to `K` and `V`
-/// (quantizing each head's row block by block for the quantized types; `head_dim` must then
-/// be a multiple of their block).
+/// (quantizing each head's row block by block for the quantized types, after rotating it into
+/// the Hadamard basis, see [`KvElement::ROTATED`]; `head_dim` must then be a multiple of their
+/// block).
 ///
 /// Everything is validated before the first write, so on `Err` neither cache
 /// is modified. If a slot appears twice, the later row wins.
@@ -34,12 +35,35 @@ pub fn write_kv<K: KvElement, V: KvElement>(
         return Err(KernelError::SlotOutOfRange { row, slot, num_slots });
     }
 
+    let mut rotated = vec![0.0f32; if K::ROTATED || V::ROTATED { slot_len } else { 0 }];
     for ((&slot, k), v) in slots.iter().zip(k_new.chunks_exact(slot_len)).zip(v_new.chunks_exact(slot_len)) {
         let base = slot as usize * slot_len;
-        K::slice_from_f32(k, &mut k_cache[base / K::VALUES..(base + slot_len) / K::VALUES]);
-        V::slice_from_f32(v, &mut v_cache[base / V::VALUES..(base + slot_len) / V::VALUES]);
+        store::<K>(
+            k,
+            k_rotation_block(layout.head_dim),
+            &mut rotated,
+            &mut k_cache[base / K::VALUES..(base + slot_len) / K::VALUES],
+        );
+        store::<V>(
+            v,
+            v_rotation_block(layout.head_dim),
+            &mut rotated,
+            &mut v_cache[base / V::VALUES..(base + slot_len) / V::VALUES],
+        );
     }
     Ok(())
+}
+
+/// Stores one slot's row of heads as `T` keeps it: rotated first by Hadamard blocks of `block`
+/// values (in `scratch`, a row long when `T` rotates) for the types stored in that basis.
+fn store<T: KvElement>(row: &[f32], block: usize, scratch: &mut [f32], units: &mut [T]) {
+    if T::ROTATED {
+        scratch.copy_from_slice(row);
+        hadamard_rotate(scratch, block);
+        T::slice_from_f32(scratch, units);
+    } else {
+        T::slice_from_f32(row, units);
+    }
 }
 
 /// Checks that one layer's K (or V) storage of `T` has the layout's units: a head's row must be

@@ -12,8 +12,8 @@
 use half::{bf16, f16};
 use proptest::prelude::*;
 use radix_kernels::{
-    KernelError, KvElement, KvQ4_0, KvQ8_0, PagedLayout, SequenceAttention, kv_from_f32, kv_to_f32, paged_attention,
-    write_kv,
+    KernelError, KvElement, KvQ4_0, KvQ8_0, PagedLayout, SequenceAttention, hadamard_rotate, k_rotation_block,
+    kv_from_f32, kv_to_f32, paged_attention, v_rotation_block, write_kv,
 };
 
 /// SplitMix64: small deterministic generator for the fixed random tests.
@@ -152,7 +152,7 @@ impl<K: KvElement, V: KvElement> Case<K, V> {
                 }
                 dense
             };
-            let (k, v) = (gather(&kv_to_f32(&self.k)), gather(&kv_to_f32(&self.v)));
+            let (k, v) = (gather(&meant(&self.k, Role::K, d)), gather(&meant(&self.v, Role::V, d)));
             for i in 0..s.query_len {
                 let pos = s.context_len - s.query_len + i;
                 let row = s.query_start + i;
@@ -189,6 +189,41 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
             if e.is_nan() { f64::INFINITY } else { e }
         })
         .fold(0.0, f64::max)
+}
+
+/// Which of K and V a cache holds: they rotate by Hadamard blocks of their own sizes.
+#[derive(Clone, Copy)]
+enum Role {
+    K,
+    V,
+}
+
+impl Role {
+    fn block(self, head_dim: usize) -> usize {
+        match self {
+            Role::K => k_rotation_block(head_dim),
+            Role::V => v_rotation_block(head_dim),
+        }
+    }
+}
+
+/// The values units of `T` stand for: as stored, rotated back for the types kept in the
+/// Hadamard basis.
+fn meant<T: KvElement>(units: &[T], role: Role, head_dim: usize) -> Vec<f32> {
+    let mut values = kv_to_f32(units);
+    if T::ROTATED {
+        hadamard_rotate(&mut values, role.block(head_dim));
+    }
+    values
+}
+
+/// `values` (rows of heads) stored as units of `T` the way [`write_kv`] stores them.
+fn as_stored<T: KvElement>(values: &[f32], role: Role, head_dim: usize) -> Vec<T> {
+    let mut values = values.to_vec();
+    if T::ROTATED {
+        hadamard_rotate(&mut values, role.block(head_dim));
+    }
+    kv_from_f32(&values)
 }
 
 const HEAD_DIMS: [usize; 4] = [8, 64, 80, 128];
@@ -262,13 +297,42 @@ fn quantized_kv_stays_near_f32_kv() {
         let exact = Case::<f32>::random(&mut rng, 128, (8, 2), 16, &shapes);
         let (k, v) = (exact.k.clone(), exact.v.clone());
         let got = if name == "q8_0" {
-            Case::<KvQ8_0> { k: kv_from_f32(&k), v: kv_from_f32(&v), ..exact.with_types() }.run()
+            Case::<KvQ8_0> { k: as_stored(&k, Role::K, 128), v: as_stored(&v, Role::V, 128), ..exact.with_types() }
+                .run()
         } else {
-            Case::<KvQ4_0> { k: kv_from_f32(&k), v: kv_from_f32(&v), ..exact.with_types() }.run()
+            Case::<KvQ4_0> { k: as_stored(&k, Role::K, 128), v: as_stored(&v, Role::V, 128), ..exact.with_types() }
+                .run()
         };
         let err = max_err(&got, &exact.reference());
         assert!(err < bound, "{name}: max |err| {err}");
     }
+}
+
+/// A trained model's K has outlier channels. Rotated into the Hadamard basis first, q4_0 K
+/// keeps the attention that the same blocks lose unrotated (each block's scale then follows its
+/// outlier and the other values round to a few steps).
+#[test]
+fn rotated_q4_0_keeps_attention_over_k_with_outlier_channels() {
+    let mut rng = Rng(71);
+    let d = 64;
+    let shapes = [(300, 1), (120, 40)];
+    let mut exact = Case::<f32>::random(&mut rng, d, (8, 2), 16, &shapes);
+    // Two channels of every head 16x the others, as in Qwen2.5's K.
+    for (i, x) in exact.k.iter_mut().enumerate() {
+        if matches!(i % d, 5 | 37) {
+            *x *= 16.0;
+        }
+    }
+    exact.q.iter_mut().for_each(|x| *x *= 0.25);
+    let want = exact.reference();
+    let rotated =
+        Case::<KvQ4_0, f32> { k: as_stored(&exact.k, Role::K, d), v: exact.v.clone(), ..exact.with_types() }.run();
+    let unrotated = kv_to_f32(&kv_from_f32::<KvQ4_0>(&exact.k));
+    let plain = Case::<f32> { k: unrotated, v: exact.v.clone(), ..exact.with_types() }.run();
+    let mean_err =
+        |got: &[f32]| got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).sum::<f64>() / want.len() as f64;
+    let (rotated_err, plain_err) = (mean_err(&rotated), mean_err(&plain));
+    assert!(rotated_err * 2.0 < plain_err, "mean |err| rotated {rotated_err:e}, unrotated {plain_err:e}");
 }
 
 #[test]
@@ -613,14 +677,15 @@ fn write_then_read_back<T: KvElement>(head_dim: usize) {
     let k_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
     let v_new = rng.vec(slots.len() * layout.slot_len(), 2.0);
     write_kv(&layout, &k_new, &v_new, &slots, &mut k, &mut v).unwrap();
-    let round = |xs: &[f32]| kv_to_f32(&kv_from_f32::<T>(xs));
+    // The units as stored: rotated first for the types kept in the Hadamard basis.
+    let round = |xs: &[f32], role| kv_to_f32(&as_stored::<T>(xs, role, head_dim));
     for (row, &slot) in slots.iter().enumerate() {
         if row == 2 {
             continue;
         }
         let src = row * layout.slot_len()..(row + 1) * layout.slot_len();
-        assert_eq!(read_slot(&layout, &k, slot as usize), round(&k_new[src.clone()]));
-        assert_eq!(read_slot(&layout, &v, slot as usize), round(&v_new[src]));
+        assert_eq!(read_slot(&layout, &k, slot as usize), round(&k_new[src.clone()], Role::K));
+        assert_eq!(read_slot(&layout, &v, slot as usize), round(&v_new[src], Role::V));
     }
     for slot in 0..layout.num_pages * layout.page_size {
         if !slots.contains(&(slot as u32)) {

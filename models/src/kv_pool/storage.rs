@@ -65,6 +65,18 @@ impl KvDType {
         values / self.values_per_unit() * self.unit_bytes()
     }
 
+    /// Whether each head is stored rotated into the Hadamard basis ([`KvElement::ROTATED`]):
+    /// a page of this type holds `H k`, not `k`.
+    pub fn is_rotated(self) -> bool {
+        match self {
+            KvDType::F32 => <f32 as KvElement>::ROTATED,
+            KvDType::F16 => <f16 as KvElement>::ROTATED,
+            KvDType::BF16 => <bf16 as KvElement>::ROTATED,
+            KvDType::Q8_0 => KvQ8_0::ROTATED,
+            KvDType::Q4_0 => KvQ4_0::ROTATED,
+        }
+    }
+
     /// Whether values are stored in quantized blocks.
     pub fn is_quantized(self) -> bool {
         matches!(self, KvDType::Q8_0 | KvDType::Q4_0)
