@@ -36,6 +36,10 @@ pub struct SamplingArgs {
     /// so a run is repeatable on one machine.
     #[arg(short = 's', long, value_name = "N", allow_negative_numbers = true)]
     seed: Option<i64>,
+    /// Never end a reply at a stop token (EOS, end of turn) unless the request says
+    /// `"ignore_eos": false`: replies run to their token limit, as for a benchmark.
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 /// The defaults requests sample with, and one line saying where they came from.
@@ -88,6 +92,7 @@ impl SamplingArgs {
                 _ => None,
             },
             logprobs: None,
+            ignore_eos: self.ignore_eos,
         };
         if let Err(why) = flagged.validate() {
             // The message names the request field; say which flag sets it.
@@ -108,8 +113,13 @@ impl SamplingArgs {
         let p = &flagged;
         let seed = p.seed.map_or("random".to_owned(), |s| s.to_string());
         let description = format!(
-            "temperature {}, top-k {}, top-p {}, min-p {}, repeat penalty {}, seed {seed}{from_model}",
-            p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty
+            "temperature {}, top-k {}, top-p {}, min-p {}, repeat penalty {}, seed {seed}{}{from_model}",
+            p.temperature,
+            p.top_k,
+            p.top_p,
+            p.min_p,
+            p.repetition_penalty,
+            if p.ignore_eos { ", ignoring EOS" } else { "" }
         );
         Ok(SamplingDefaults { params: flagged, description })
     }

@@ -1,6 +1,7 @@
 //! The engine on a tiny random model: prefix sharing between concurrent requests, "the cache
 //! never changes the answer", behaviour under KV pressure, page accounting after everything
-//! finishes, and stop strings and dropped clients ending replies like any other ending.
+//! finishes, stop strings and dropped clients ending replies like any other ending, and
+//! `ignore_eos`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -180,6 +181,29 @@ fn a_stop_string_ends_the_reply_in_the_engine_and_counts_like_any_ending() {
     assert!(stopped_timings.prompt_ms >= 0.0 && stopped_timings.predicted_ms >= 0.0);
     let tpot = u64::from(stopped.tokens > 1);
     assert_eq!(latency_counts(&engine), (2, 1 + tpot), "the stopped reply is counted");
+}
+
+#[test]
+fn ignore_eos_never_picks_a_stop_token_and_runs_to_the_limit() {
+    let mut engine = engine(256, 1, true);
+    let prompt = prompt(9, &[], 12);
+    let plain = run(&mut engine, vec![request(prompt.clone(), 16, false)]).remove(0).tokens;
+    assert_eq!(plain.len(), 16);
+    // A token the reply picks at its fourth step, made a stop token.
+    let stop = plain[3];
+    let first = plain.iter().position(|&t| t == stop).unwrap();
+    let mut stopping = request(prompt.clone(), 16, false);
+    stopping.stop_tokens = vec![stop];
+    let stopped = run(&mut engine, vec![stopping.clone()]).remove(0).tokens;
+    assert_eq!(stopped, plain[..first], "the stop token ends the reply and is not sent");
+
+    stopping.sampling.ignore_eos = true;
+    let heard = run_one(&mut engine, stopping.clone());
+    assert_eq!(heard.end.expect("the reply finished").0, FinishReason::Length);
+    let ignoring = run(&mut engine, vec![stopping]).remove(0).tokens;
+    assert_eq!(ignoring.len(), 16, "the reply runs to max_tokens");
+    assert!(!ignoring.contains(&stop), "the stop token is never picked: {ignoring:?}");
+    assert_eq!(ignoring[..first], plain[..first], "the same reply up to where it would have stopped");
 }
 
 #[test]

@@ -27,6 +27,9 @@ pub struct SamplingParams {
     /// (OpenAI's `top_logprobs`, llama.cpp's `n_probs`), taken from the model's own
     /// distribution before penalties and masks; `None` reports nothing.
     pub logprobs: Option<usize>,
+    /// Never pick a stop token (EOS, end of turn), so the reply runs to its token limit
+    /// (llama.cpp's `ignore_eos`, for measurements of a fixed length).
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
@@ -41,6 +44,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             seed: None,
             logprobs: None,
+            ignore_eos: false,
         }
     }
 }
@@ -125,7 +129,11 @@ impl Sampler {
     /// largest logit can be found where the logits are (on a GPU) without copying them back.
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
-        self.is_greedy() && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+        self.is_greedy()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && !p.ignore_eos
     }
 
     fn is_greedy(&self) -> bool {

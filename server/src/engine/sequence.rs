@@ -171,10 +171,18 @@ impl Sequence {
         self.request.sampling.logprobs
     }
 
-    /// Picks its next token from `logits` (masked by its constraint, then sampled).
+    /// Picks its next token from `logits` (masked by its constraint and, with `ignore_eos`, with
+    /// the stop tokens left out, then sampled).
     pub(crate) fn sample(&mut self, logits: &mut [f32]) -> Result<u32, String> {
         if let Some(constraint) = self.request.constraint.as_mut() {
             constraint.mask_logits(logits, &self.request.stop_tokens)?;
+        }
+        if self.request.sampling.ignore_eos {
+            for &stop in &self.request.stop_tokens {
+                if let Some(logit) = logits.get_mut(stop as usize) {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
         }
         Ok(self.sampler.sample(logits))
     }

@@ -34,6 +34,8 @@ pub(crate) struct SamplingFields {
     pub(crate) repeat_penalty: Option<f64>,
     /// Seed of the random sampler; negative: random.
     pub(crate) seed: Option<i64>,
+    /// Never end at a stop token (llama.cpp's and vLLM's name).
+    pub(crate) ignore_eos: Option<bool>,
 }
 
 impl SamplingFields {
@@ -58,6 +60,7 @@ impl SamplingFields {
             repetition_penalty: float(self.repetition_penalty.or(self.repeat_penalty), defaults.repetition_penalty),
             seed,
             logprobs: defaults.logprobs,
+            ignore_eos: self.ignore_eos.unwrap_or(defaults.ignore_eos),
         };
         sampling.validate().map_err(ApiError::bad_request)?;
         Ok(sampling)

@@ -80,7 +80,7 @@ impl GenerationSettings {
             stop: stops.to_vec(),
             n_keep: 0,
             n_discard: 0,
-            ignore_eos: false,
+            ignore_eos: sampling.ignore_eos,
             stream,
             n_probs: 0,
             min_keep: 0,
