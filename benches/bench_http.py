@@ -1,8 +1,9 @@
 """HTTP helpers the benchmark scripts share (`import bench_http` with `benches/` on sys.path):
-a free loopback port, a JSON POST, and waiting for a server's `/health` to say ok."""
+a free loopback port, a JSON POST, waiting for a server's `/health` to say ok, and stopping it."""
 
 import json
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -37,3 +38,13 @@ def wait_healthy(base, what, proc=None, seconds=600):
             pass  # not listening yet, or 503 while the model loads
         time.sleep(0.5)
     sys.exit(f"{what} was not healthy after {seconds} s")
+
+
+def stop(proc, seconds=20):
+    """Stops a server started by a benchmark: SIGTERM, then SIGKILL after `seconds`."""
+    proc.terminate()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_http import free_port, post, wait_healthy  # noqa: E402
+from bench_http import free_port, post, stop, wait_healthy  # noqa: E402
 
 
 def status(pid):
@@ -80,12 +80,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             finally:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+                stop(p)
     json.dump(rows, open(f"{out}/mem-{name}.json", "w"), indent=1)
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_http import free_port, post, wait_healthy  # noqa: E402
+from bench_http import free_port, post, stop, wait_healthy  # noqa: E402
 
 DECODE_TOKENS = 32
 
@@ -70,12 +70,7 @@ def run_server(cmd, log_path, body):
             time.sleep(1)
             return body(base)
         finally:
-            p.terminate()
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p)
 
 
 def table(name, rows, depths):
