@@ -10,6 +10,7 @@
 //! positions and the chunks' states are merged ([`partial`]), so a long
 //! context can be split across threads without changing any result.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
@@ -183,18 +184,16 @@ fn run_attention<K: KvElement, V: KvElement>(
 ) -> Result<(), KernelError> {
     validate(layout, num_heads, scale, q, k_cache, v_cache, seqs, out)?;
     let head_dim = layout.head_dim;
-    let rotated_q: Vec<f32>;
     let q = if K::ROTATED {
         // K holds `H k`: `(H q) · (H k)` is the score `q · k`.
-        let mut copy = q.to_vec();
+        let mut rotated = q.to_vec();
         let block = k_rotation_block(head_dim);
-        copy.par_chunks_mut(num_heads * head_dim).for_each(|row| hadamard_rotate(row, block));
-        rotated_q = copy;
-        &rotated_q[..]
+        rotated.par_chunks_mut(num_heads * head_dim).for_each(|row| hadamard_rotate(row, block));
+        Cow::Owned(rotated)
     } else {
-        q
+        Cow::Borrowed(q)
     };
-    attend_batch(layout, num_heads, scale, q, k_cache, v_cache, seqs, out, isa)?;
+    attend_batch(layout, num_heads, scale, &q, k_cache, v_cache, seqs, out, isa)?;
     if V::ROTATED {
         // V holds `H v`: the weighted sum is `H` of the one wanted, and `H` is its own inverse.
         let (row_len, block) = (num_heads * head_dim, v_rotation_block(head_dim));
