@@ -6,7 +6,8 @@
 //! scores and weighted sum of all rows, with an online softmax per row in
 //! between. Tasks of many rows (prefill) convert each tile's K and V rows to
 //! f32 once into scratch; tasks of few rows (decode) read the pool in place
-//! and convert in registers. The online softmax restarts every [`CHUNK`]
+//! (f16, bf16, f32, q8_0 and q4_0 blocks, asking the cache for the next tile's
+//! rows ahead) and convert in registers. The online softmax restarts every [`CHUNK`]
 //! positions and the chunks' states are merged ([`partial`]), so a long
 //! context can be split across threads without changing any result.
 
@@ -428,7 +429,17 @@ impl<K: KvElement, V: KvElement> Ctx<'_, K, V> {
     #[inline(always)]
     fn attend_in_place<const AVX2: bool>(&self, task: Task, work: &mut [f32], walk: PageWalk) -> bool {
         let (k, v) = (self.k_cache, self.v_cache);
+        // The pairs people run (llama-server's `-ctk`/`-ctv` with f16, q8_0, q4_0; bf16 and
+        // f32 alone); other mixes are converted into scratch.
         if let (Some(k), Some(v)) = (K::as_f16_slice(k), V::as_f16_slice(v)) {
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (K::as_q8_0_slice(k), V::as_q8_0_slice(v)) {
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (K::as_q4_0_slice(k), V::as_q4_0_slice(v)) {
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (K::as_q8_0_slice(k), V::as_q4_0_slice(v)) {
+            self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
+        } else if let (Some(k), Some(v)) = (K::as_f16_slice(k), V::as_q8_0_slice(v)) {
             self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
         } else if let (Some(k), Some(v)) = (K::as_bf16_slice(k), V::as_bf16_slice(v)) {
             self.attend_isa::<AVX2, _>(task, work, &mut InPlace { k, v, walk });
@@ -528,7 +539,7 @@ impl<K: KvElement, V: KvElement> Ctx<'_, K, V> {
                 let vis = t0.saturating_sub(first) * rows.heads;
                 let (kt, vt) = src.rows(t0);
                 let w = &mut weights[vis..n];
-                tile::scores::<AVX2, S::Elem>(&qs[vis * d..], &kt, d, w, wide);
+                tile::scores::<AVX2, S::KElem>(&qs[vis * d..], &kt, d, w, wide);
                 for (r, tile) in (vis..n).zip(w.iter_mut()) {
                     // Mask the positions after this row's own.
                     let last = first + r / rows.heads;
@@ -539,7 +550,7 @@ impl<K: KvElement, V: KvElement> Ctx<'_, K, V> {
                         scale(&mut acc[r * d..(r + 1) * d], corr);
                     }
                 }
-                tile::weighted_sum::<AVX2, S::Elem>(w, &vt, d, &mut acc[vis * d..], wide);
+                tile::weighted_sum::<AVX2, S::VElem>(w, &vt, d, &mut acc[vis * d..], wide);
             }
             for r in seen..n {
                 let chunk_acc = &acc[r * d..(r + 1) * d];

@@ -3,6 +3,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::{KvQ4_0, KvQ8_0};
+
 /// A unit of K/V storage: one value of `f32`, [`half::f16`] or [`half::bf16`], or a block of
 /// [`VALUES`](Self::VALUES) values quantized together ([`KvQ8_0`](crate::KvQ8_0),
 /// [`KvQ4_0`](crate::KvQ4_0)).
@@ -51,6 +53,20 @@ pub trait KvElement: Copy + Send + Sync + 'static {
     /// Borrows `src` as [`bf16`] when `Self` is `bf16`, as
     /// [`as_f16_slice`](Self::as_f16_slice); `None` for every other type.
     fn as_bf16_slice(src: &[Self]) -> Option<&[bf16]> {
+        let _ = src;
+        None
+    }
+
+    /// Borrows `src` as [`KvQ8_0`] blocks when `Self` is `KvQ8_0`, so the kernels read a q8_0
+    /// pool in place; `None` for every other type.
+    fn as_q8_0_slice(src: &[Self]) -> Option<&[KvQ8_0]> {
+        let _ = src;
+        None
+    }
+
+    /// Borrows `src` as [`KvQ4_0`] blocks when `Self` is `KvQ4_0`, as
+    /// [`as_q8_0_slice`](Self::as_q8_0_slice); `None` for every other type.
+    fn as_q4_0_slice(src: &[Self]) -> Option<&[KvQ4_0]> {
         let _ = src;
         None
     }

@@ -56,6 +56,12 @@ impl KvQ8_0 {
             *o = q as f32 * d;
         }
     }
+
+    /// Value `j` of the block, the bits [`dequantize`](Self::dequantize) gives it.
+    #[inline(always)]
+    pub fn value(&self, j: usize) -> f32 {
+        self.qs[j] as f32 * self.d.to_f32()
+    }
 }
 
 impl KvQ4_0 {
@@ -80,10 +86,18 @@ impl KvQ4_0 {
             *h = ((q >> 4) as i32 - 8) as f32 * d;
         }
     }
+
+    /// Value `j` of the block, the bits [`dequantize`](Self::dequantize) gives it.
+    #[inline(always)]
+    pub fn value(&self, j: usize) -> f32 {
+        let q = self.qs[j % (KV_BLOCK / 2)];
+        let q = if j < KV_BLOCK / 2 { q & 0x0F } else { q >> 4 };
+        (q as i32 - 8) as f32 * self.d.to_f32()
+    }
 }
 
 macro_rules! block_element {
-    ($block:ty, $zero:expr) => {
+    ($block:ty, $zero:expr, $as_slice:ident) => {
         impl KvElement for $block {
             const VALUES: usize = KV_BLOCK;
             const ZERO: Self = $zero;
@@ -103,12 +117,17 @@ macro_rules! block_element {
                     *block = <$block>::quantize(x.try_into().expect("chunks of a block"));
                 }
             }
+
+            #[inline(always)]
+            fn $as_slice(src: &[Self]) -> Option<&[$block]> {
+                Some(src)
+            }
         }
     };
 }
 
-block_element!(KvQ8_0, KvQ8_0 { d: f16::ZERO, qs: [0; KV_BLOCK] });
-block_element!(KvQ4_0, KvQ4_0 { d: f16::ZERO, qs: [0x88; KV_BLOCK / 2] });
+block_element!(KvQ8_0, KvQ8_0 { d: f16::ZERO, qs: [0; KV_BLOCK] }, as_q8_0_slice);
+block_element!(KvQ4_0, KvQ4_0 { d: f16::ZERO, qs: [0x88; KV_BLOCK / 2] }, as_q4_0_slice);
 
 #[cfg(test)]
 mod tests {

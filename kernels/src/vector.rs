@@ -1,38 +1,34 @@
 //! Small f32 vector primitives written so that the compiler vectorizes them.
 
-/// Lanes of the independent accumulators in [`dot`].
+/// Lanes of the independent accumulators in [`dot_with`].
 const LANES: usize = 8;
 
-/// Dot product of two equal-length slices, with [`LANES`] separate
-/// accumulators so the loop vectorizes without reassociation; `b`'s
-/// elements are converted to f32 as they are read.
+/// Dot product of `a` with the values `b(0..a.len())` (a K row's elements converted to f32
+/// as they are read), with [`LANES`] separate accumulators so the loop vectorizes without
+/// reassociation: the same values always give the same bits.
 #[inline(always)]
-pub(crate) fn dot<E: Copy + Into<f32>>(a: &[f32], b: &[E]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
+pub(crate) fn dot_with(a: &[f32], b: impl Fn(usize) -> f32) -> f32 {
     let ac = a.chunks_exact(LANES);
-    let bc = b.chunks_exact(LANES);
-    let (ar, br) = (ac.remainder(), bc.remainder());
+    let ar = ac.remainder();
     let mut acc = [0.0f32; LANES];
-    for (x, y) in ac.zip(bc) {
+    for (i, x) in ac.enumerate() {
         for j in 0..LANES {
-            acc[j] += x[j] * y[j].into();
+            acc[j] += x[j] * b(i * LANES + j);
         }
     }
     let mut sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ar.iter().zip(br) {
-        sum += x * (*y).into();
+    let tail = a.len() - ar.len();
+    for (i, x) in ar.iter().enumerate() {
+        sum += x * b(tail + i);
     }
     sum
 }
 
-/// `y += a * x` over equal-length slices (`x` converted to f32 as read).
+/// `y += a * x` for the values `x(0..y.len())`.
 #[inline(always)]
-pub(crate) fn axpy<E: Copy + Into<f32>>(y: &mut [f32], a: f32, x: &[E]) {
-    debug_assert_eq!(y.len(), x.len());
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * (*x).into();
+pub(crate) fn axpy_with(y: &mut [f32], a: f32, x: impl Fn(usize) -> f32) {
+    for (i, y) in y.iter_mut().enumerate() {
+        *y += a * x(i);
     }
 }
 
@@ -115,10 +111,10 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             let naive: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-            assert!((dot(&a, &b) as f64 - naive).abs() <= 1e-5, "n={n}");
+            assert!((dot_with(&a, |i| b[i]) as f64 - naive).abs() <= 1e-5, "n={n}");
 
             let mut y = b.clone();
-            axpy(&mut y, 0.5, &a);
+            axpy_with(&mut y, 0.5, |i| a[i]);
             for i in 0..n {
                 assert_eq!(y[i], b[i] + 0.5 * a[i]);
             }

@@ -4,13 +4,16 @@
 //! ```text
 //! model-bench --model FILE.gguf [--threads 2] [--pp 512,2048] [--tg-ctx 512,2048]
 //!             [--tg-tokens 32] [--ubatch 512] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
-//!             [--touch-kv] [--attention] [--verify 4,16] [--json]
+//!             [--pp-depth 8192,32768] [--touch-kv] [--attention] [--verify 4,16] [--json]
 //! ```
 //!
 //! - `pp N`: N prompt tokens into an empty context in forwards of at most `--ubatch` tokens
 //!   (logits for the last token only); tokens/s = N / time. As llama-bench's `pp N` (its
 //!   default ubatch is 512) and as the server prefills a prompt (`--batch-tokens`, 512 by
 //!   default). `--ubatch 0` runs one forward of all N.
+//! - `pp N @ D` (`--pp-depth D`): D prompt tokens are prefilled (untimed, once), then N more
+//!   are timed in forwards of at most `--ubatch`, each repetition at positions D.. again; as
+//!   `llama-bench -p N -d D`: the prefill of a prompt's tail after a long cached prefix.
 //! - `tg @ C`: C prompt tokens are prefilled (untimed), then `--tg-tokens` decode steps of one
 //!   token each (logits wanted) are timed; tokens/s = steps / time. Like `llama-bench -n 32 -d C`.
 //!   Each repetition decodes at positions C.. again, over the same prefilled prefix.
@@ -56,6 +59,9 @@ struct Args {
     /// Contexts at which to time decode (comma-separated).
     #[arg(long = "tg-ctx", value_delimiter = ',', default_value = "512,2048")]
     tg_ctx: Vec<usize>,
+    /// Depths at which to time each `--pp` size again, after that many tokens (comma-separated).
+    #[arg(long = "pp-depth", value_delimiter = ',')]
+    pp_depth: Vec<usize>,
     /// Decode steps timed per repetition.
     #[arg(long = "tg-tokens", default_value_t = 32)]
     tg_tokens: usize,
@@ -244,7 +250,9 @@ fn main() -> Result<()> {
 
     let budget = a.kv_budget_mib << 20;
     let page_bytes = KvPool::page_bytes(&c, a.page_size, dtype);
-    let longest = a.pp.iter().copied().chain(a.tg_ctx.iter().map(|&x| x + a.tg_tokens)).max().unwrap_or(1);
+    let deepest_pp = a.pp_depth.iter().max().map_or(0, |d| d + a.pp.iter().max().copied().unwrap_or(0));
+    let longest =
+        a.pp.iter().copied().chain(a.tg_ctx.iter().map(|&x| x + a.tg_tokens)).chain([deepest_pp]).max().unwrap_or(1);
     let need_pages = longest.div_ceil(a.page_size);
     let mut pool = KvPool::with_budget(&c, a.page_size, budget, dtype)?;
     if pool.num_pages() < need_pages {
@@ -304,8 +312,42 @@ fn main() -> Result<()> {
             "seconds": s, "tokens_per_s": n as f64 / s, "attention_seconds": attn,
             "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
     }
+    // The depth whose prefix the pool holds: a decode at the same depth reuses it (the timed
+    // chunks after it overwrite only positions past it), as llama-bench reuses its depth state.
+    let mut prefilled = None;
+    for &depth in a.pp_depth.iter().filter(|&&d| d > 0) {
+        prefill(&model, &mut pool, &mut state, &pages, &tokens(depth, 3000, vocab), a.ubatch)?;
+        prefilled = Some(depth);
+        for &n in a.pp.iter().filter(|&&n| n > 0) {
+            let times: Vec<f64> = (0..a.reps)
+                .map(|r| {
+                    let chunk = tokens(n, 9000 + r, vocab);
+                    ubatches(n, a.ubatch)
+                        .map(|(start, end)| {
+                            let logits = end == n;
+                            forward(&model, &mut pool, &mut state, &pages, &chunk[start..end], depth + end, logits)
+                        })
+                        .sum()
+                })
+                .collect::<Result<_>>()?;
+            let s = median(times);
+            let attn = probe.as_mut().map(|p| {
+                let once = |p: &mut AttentionProbe| {
+                    ubatches(n, a.ubatch).map(|(start, end)| p.time(end - start, depth + end)).sum()
+                };
+                median((0..a.reps).map(|_| once(p)).collect())
+            });
+            eprintln!("model-bench: pp{n}@d{depth}: {:.2} tok/s", n as f64 / s);
+            results.push(json!({"test": format!("pp{n}@d{depth}"), "n_prompt": n, "n_gen": 0, "depth": depth,
+                "seconds": s, "tokens_per_s": n as f64 / s, "attention_seconds": attn,
+                "rss_kib_after": status_kib("VmRSS:"), "peak_rss_kib_after": status_kib("VmHWM:")}));
+        }
+    }
     for &ctx in a.tg_ctx.iter().filter(|&&c| c > 0) {
-        prefill(&model, &mut pool, &mut state, &pages, &tokens(ctx, 1000, vocab), a.ubatch)?;
+        if prefilled != Some(ctx) {
+            prefill(&model, &mut pool, &mut state, &pages, &tokens(ctx, 1000, vocab), a.ubatch)?;
+            prefilled = Some(ctx);
+        }
         let mut times = Vec::new();
         for r in 0..a.reps {
             let mut total = 0.0;

@@ -6,11 +6,13 @@ use crate::KvElement;
 
 /// Where a task's K/V tiles come from.
 pub(super) trait TileSource {
-    /// The element type of the rows handed to the tile kernels.
-    type Elem: TileElement;
+    /// The element type of the K rows handed to the tile kernels.
+    type KElem: TileElement;
+    /// The element type of the V rows.
+    type VElem: TileElement;
     /// The K and V rows of positions `t0..t0 + TILE` of the task's kv head
     /// (zeros from the end of the task's context on).
-    fn rows(&mut self, t0: usize) -> (TileRows<'_, Self::Elem>, TileRows<'_, Self::Elem>);
+    fn rows(&mut self, t0: usize) -> (TileRows<'_, Self::KElem>, TileRows<'_, Self::VElem>);
 }
 
 /// Where each context position's row of one kv head sits in the pool.
@@ -47,11 +49,18 @@ pub(super) struct Converted<'a, K, V, const AVX2: bool> {
 }
 
 impl<K: KvElement, V: KvElement, const AVX2: bool> TileSource for Converted<'_, K, V, AVX2> {
-    type Elem = f32;
+    type KElem = f32;
+    type VElem = f32;
 
     #[inline(always)]
     fn rows(&mut self, t0: usize) -> (TileRows<'_, f32>, TileRows<'_, f32>) {
         let d = self.walk.d;
+        for j in 0..TILE {
+            if let Some(b) = self.walk.row(t0 + TILE + j) {
+                prefetch_row(self.k, b, d);
+                prefetch_row(self.v, b, d);
+            }
+        }
         for (j, (kr, vr)) in self.kt.chunks_exact_mut(d).zip(self.vt.chunks_exact_mut(d)).enumerate() {
             match self.walk.row(t0 + j) {
                 // Rows start at a whole unit: `validate` checked head_dim against both types.
@@ -73,25 +82,58 @@ impl<K: KvElement, V: KvElement, const AVX2: bool> TileSource for Converted<'_, 
 /// Rows of the pool read in place (converted in registers by the kernels),
 /// for tasks of few rows, where converting into scratch would cost more than
 /// the rows' arithmetic.
-pub(super) struct InPlace<'a, E> {
-    pub k: &'a [E],
-    pub v: &'a [E],
+pub(super) struct InPlace<'a, EK, EV> {
+    pub k: &'a [EK],
+    pub v: &'a [EV],
     pub walk: PageWalk<'a>,
 }
 
-impl<E: TileElement> TileSource for InPlace<'_, E> {
-    type Elem = E;
+impl<EK: TileElement, EV: TileElement> TileSource for InPlace<'_, EK, EV> {
+    type KElem = EK;
+    type VElem = EV;
 
     #[inline(always)]
-    fn rows(&mut self, t0: usize) -> (TileRows<'_, E>, TileRows<'_, E>) {
+    fn rows(&mut self, t0: usize) -> (TileRows<'_, EK>, TileRows<'_, EV>) {
         let d = self.walk.d;
-        let zeros: &[E] = &E::zeros()[..d];
         let walk = self.walk;
         let (k, v) = (self.k, self.v);
         let offsets: [Option<usize>; TILE] = std::array::from_fn(|j| walk.row(t0 + j));
-        (
-            std::array::from_fn(|j| offsets[j].map_or(zeros, |b| &k[b..b + d])),
-            std::array::from_fn(|j| offsets[j].map_or(zeros, |b| &v[b..b + d])),
-        )
+        // The next tile's rows are scattered over pages (a row per position, a slot apart):
+        // asking for them now hides the memory latency the hardware prefetcher leaves.
+        for j in 0..TILE {
+            if let Some(b) = walk.row(t0 + TILE + j) {
+                prefetch_row(k, b, d);
+                prefetch_row(v, b, d);
+            }
+        }
+        // Rows start at a whole unit: `validate` checked head_dim against both types.
+        (std::array::from_fn(|j| row_units(k, offsets[j], d)), std::array::from_fn(|j| row_units(v, offsets[j], d)))
+    }
+}
+
+/// Asks the cache for the row of `d` values at value offset `at` of `pool` (a hint: no
+/// effect on results).
+#[inline(always)]
+fn prefetch_row<E: KvElement>(pool: &[E], at: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let row = &pool[at / E::VALUES..][..d / E::VALUES];
+        let (start, bytes) = (row.as_ptr().cast::<u8>(), std::mem::size_of_val(row));
+        for offset in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `row`; it reads nothing into the program.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(start.add(offset).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (pool, at, d);
+}
+
+/// The units of the row of `d` values at value offset `at` of `pool`, or a row of zeros.
+#[inline(always)]
+fn row_units<E: TileElement>(pool: &[E], at: Option<usize>, d: usize) -> &[E] {
+    let units = d / E::VALUES;
+    match at {
+        Some(b) => &pool[b / E::VALUES..][..units],
+        None => &E::zeros()[..units],
     }
 }

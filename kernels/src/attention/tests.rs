@@ -11,7 +11,9 @@ fn every_isa_agrees_with_the_portable_build() {
     paths_agree::<half::f16, half::f16>();
     paths_agree::<half::bf16, half::bf16>();
     paths_agree::<crate::KvQ8_0, crate::KvQ8_0>();
+    paths_agree::<crate::KvQ4_0, crate::KvQ4_0>();
     paths_agree::<crate::KvQ8_0, crate::KvQ4_0>();
+    paths_agree::<half::f16, crate::KvQ8_0>();
     paths_agree::<half::f16, crate::KvQ4_0>();
 }
 
@@ -93,7 +95,8 @@ fn every_isa_is_plan_independent() {
 /// decode steps (tasks of few rows reading the pool in place, long
 /// contexts split into chunks on a 4-thread pool) equal bitwise the same
 /// tokens computed in one prefill (tasks of 48 rows converting tiles into
-/// scratch, one task per context), for f16, bf16, f32 and block-quantized pools.
+/// scratch, one task per context), for f16, bf16, f32 and block-quantized pools (read in
+/// place by decode for the pairs `attend_in_place` names, converted for the others).
 #[test]
 fn decode_steps_equal_prefill_in_every_isa() {
     decode_equals_prefill::<half::f16, half::f16>();
@@ -102,6 +105,8 @@ fn decode_steps_equal_prefill_in_every_isa() {
     decode_equals_prefill::<crate::KvQ8_0, crate::KvQ8_0>();
     decode_equals_prefill::<crate::KvQ4_0, crate::KvQ4_0>();
     decode_equals_prefill::<crate::KvQ8_0, half::f16>();
+    decode_equals_prefill::<crate::KvQ8_0, crate::KvQ4_0>();
+    decode_equals_prefill::<half::f16, crate::KvQ8_0>();
 }
 
 fn decode_equals_prefill<K: KvElement, V: KvElement>() {

@@ -10,8 +10,8 @@
 
 use half::{bf16, f16};
 
-use crate::KvElement;
-use crate::vector::exp_in_place;
+use crate::vector::{axpy_with, dot_with, exp_in_place};
+use crate::{KV_BLOCK, KvElement, KvQ4_0, KvQ8_0};
 
 /// Context positions per tile: K/V rows converted to f32 together and shared
 /// by every query row of a task.
@@ -35,47 +35,67 @@ pub(super) enum ElementKind {
     F32,
     F16,
     BF16,
+    Q8_0,
+    Q4_0,
 }
 
-/// An element the tile kernels read K/V rows of: f32 scratch, or an f16,
-/// bf16 or f32 pool read in place. Conversions to f32 are exact, so the
-/// kernels compute the same bits from either source (`Into<f32>` is that
-/// exact conversion).
-pub(super) trait TileElement: Copy + Into<f32> + 'static {
+/// An element the tile kernels read K/V rows of: f32 scratch, or an f16, bf16, f32, q8_0 or
+/// q4_0 pool read in place. Every kernel gets each value as the bits converting its row to
+/// f32 gives ([`KvElement::slice_to_f32`]), so the kernels compute the same bits from either
+/// source. A row of `d` values is `d / VALUES` units; a block never spans two rows.
+pub(super) trait TileElement: KvElement {
     /// This type, for the vector loads.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const KIND: ElementKind;
-    /// [`MAX_IN_PLACE_ROW`] zeros: the row of positions past a
-    /// sequence's end, which may have no page.
+    /// [`MAX_IN_PLACE_ROW`] values of zeros: the row of positions past a sequence's end,
+    /// which may have no page.
     fn zeros() -> &'static [Self];
+    /// Value `e` of `row`, as f32.
+    fn value(row: &[Self], e: usize) -> f32;
 }
 
-impl TileElement for f32 {
-    const KIND: ElementKind = ElementKind::F32;
-    fn zeros() -> &'static [Self] {
-        static ZEROS: [f32; MAX_IN_PLACE_ROW] = [0.0; MAX_IN_PLACE_ROW];
-        &ZEROS
-    }
+macro_rules! float_tile_element {
+    ($t:ty, $kind:ident, $zero:expr) => {
+        impl TileElement for $t {
+            const KIND: ElementKind = ElementKind::$kind;
+            fn zeros() -> &'static [Self] {
+                static ZEROS: [$t; MAX_IN_PLACE_ROW] = [$zero; MAX_IN_PLACE_ROW];
+                &ZEROS
+            }
+            #[inline(always)]
+            fn value(row: &[Self], e: usize) -> f32 {
+                row[e].into()
+            }
+        }
+    };
 }
 
-impl TileElement for f16 {
-    const KIND: ElementKind = ElementKind::F16;
-    fn zeros() -> &'static [Self] {
-        static ZEROS: [f16; MAX_IN_PLACE_ROW] = [f16::ZERO; MAX_IN_PLACE_ROW];
-        &ZEROS
-    }
+float_tile_element!(f32, F32, 0.0);
+float_tile_element!(f16, F16, f16::ZERO);
+float_tile_element!(bf16, BF16, bf16::ZERO);
+
+macro_rules! block_tile_element {
+    ($t:ty, $kind:ident) => {
+        impl TileElement for $t {
+            const KIND: ElementKind = ElementKind::$kind;
+            fn zeros() -> &'static [Self] {
+                static ZEROS: [$t; MAX_IN_PLACE_ROW / KV_BLOCK] = [<$t>::ZERO; MAX_IN_PLACE_ROW / KV_BLOCK];
+                &ZEROS
+            }
+            #[inline(always)]
+            fn value(row: &[Self], e: usize) -> f32 {
+                row[e / KV_BLOCK].value(e % KV_BLOCK)
+            }
+        }
+    };
 }
 
-impl TileElement for bf16 {
-    const KIND: ElementKind = ElementKind::BF16;
-    fn zeros() -> &'static [Self] {
-        static ZEROS: [bf16; MAX_IN_PLACE_ROW] = [bf16::ZERO; MAX_IN_PLACE_ROW];
-        &ZEROS
-    }
-}
+block_tile_element!(KvQ8_0, Q8_0);
+block_tile_element!(KvQ4_0, Q4_0);
 
-/// Converts one K/V row to f32: with F16C (part of the AVX2 path) for f16, a
-/// shift for bf16, in line rather than through `half`'s per-call dispatch.
+/// Converts one K/V row to f32: with F16C (part of the AVX2 path) for f16 and the
+/// blocks' scales, a shift for bf16, in line rather than through `half`'s per-call
+/// dispatch.
 #[inline(always)]
 pub(super) fn convert<const AVX2: bool, T: KvElement>(src: &[T], dst: &mut [f32]) {
     assert_eq!(src.len() * T::VALUES, dst.len());
@@ -90,6 +110,16 @@ pub(super) fn convert<const AVX2: bool, T: KvElement>(src: &[T], dst: &mut [f32]
         if let Some(src) = T::as_bf16_slice(src) {
             // SAFETY: as above.
             unsafe { avx2::bf16_to_f32(src, dst) };
+            return;
+        }
+        if let Some(src) = T::as_q8_0_slice(src) {
+            // SAFETY: as above.
+            unsafe { avx2::blocks_to_f32(src, dst) };
+            return;
+        }
+        if let Some(src) = T::as_q4_0_slice(src) {
+            // SAFETY: as above.
+            unsafe { avx2::blocks_to_f32(src, dst) };
             return;
         }
     }
@@ -166,7 +196,7 @@ pub(super) fn scores<const AVX2: bool, E: TileElement>(
     s: &mut [TileRow],
     wide: bool,
 ) {
-    assert!(q.len() == s.len() * d && k.iter().all(|row| row.len() == d));
+    assert!(q.len() == s.len() * d && k.iter().all(|row| row.len() * E::VALUES == d));
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: `AVX2` is only set when the CPU supports AVX2, FMA and F16C,
@@ -184,7 +214,7 @@ pub(super) fn scores<const AVX2: bool, E: TileElement>(
     let _ = wide;
     for (qrow, srow) in q.chunks_exact(d).zip(s.iter_mut()) {
         for (w, krow) in srow.iter_mut().zip(k) {
-            *w = crate::vector::dot(qrow, krow);
+            *w = dot_with(qrow, |e| E::value(krow, e));
         }
     }
 }
@@ -200,7 +230,7 @@ pub(super) fn weighted_sum<const AVX2: bool, E: TileElement>(
     acc: &mut [f32],
     wide: bool,
 ) {
-    assert!(acc.len() == p.len() * d && v.iter().all(|row| row.len() == d));
+    assert!(acc.len() == p.len() * d && v.iter().all(|row| row.len() * E::VALUES == d));
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: as in `scores`.
@@ -219,7 +249,7 @@ pub(super) fn weighted_sum<const AVX2: bool, E: TileElement>(
             // Masked positions have weight 0: skipping them keeps a stray
             // non-finite V of a later token out of earlier rows.
             if w != 0.0 {
-                crate::vector::axpy(arow, w, vrow);
+                axpy_with(arow, w, |c| E::value(vrow, c));
             }
         }
     }

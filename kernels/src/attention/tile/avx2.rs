@@ -9,6 +9,7 @@ use std::arch::x86_64::*;
 use half::{bf16, f16};
 
 use super::{ElementKind, TILE, TileElement, TileRow, TileRows};
+use crate::{KV_BLOCK, KvQ4_0, KvQ8_0};
 
 /// f16 to f32, 8 at a time with F16C.
 ///
@@ -50,6 +51,22 @@ pub(super) unsafe fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
     }
     for (d, s) in dst[n8..].iter_mut().zip(&src[n8..]) {
         *d = s.to_f32();
+    }
+}
+
+/// A row of q8_0 or q4_0 blocks to f32, 8 values at a time, the bits [`load8`] gives them.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `dst.len() == src.len() * KV_BLOCK`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn blocks_to_f32<E: TileElement>(src: &[E], dst: &mut [f32]) {
+    assert!(E::VALUES == KV_BLOCK && dst.len() == src.len() * KV_BLOCK);
+    // SAFETY: every 8 values at `e < dst.len()` lie in `src`'s blocks and in `dst`.
+    unsafe {
+        for e in (0..dst.len()).step_by(8) {
+            _mm256_storeu_ps(dst.as_mut_ptr().add(e), load8(src.as_ptr(), e));
+        }
     }
 }
 
@@ -128,24 +145,50 @@ const SCORE_KEYS: usize = 4;
 /// Query rows per block of the weighted sum: 4 rows x 16 columns.
 const SUM_ROWS: usize = 6;
 
-/// Eight elements at `p` as f32 lanes (exact conversion).
+/// Values `e..e + 8` of the row at `p` as f32 lanes, the bits converting the row to f32
+/// gives them (`e` a multiple of 8).
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C; `p..p + 8` must be readable.
+/// The CPU must support AVX2 and F16C; the row at `p` must hold values `e..e + 8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load8<E: TileElement>(p: *const E) -> __m256 {
-    // SAFETY: the caller guarantees 8 readable elements.
+unsafe fn load8<E: TileElement>(p: *const E, e: usize) -> __m256 {
+    // SAFETY: the caller guarantees the values are in the row; a block's 8 values at `e`
+    // (a multiple of 8) lie within one block.
     unsafe {
         match E::KIND {
-            ElementKind::F32 => _mm256_loadu_ps(p.cast()),
-            ElementKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            ElementKind::F32 => _mm256_loadu_ps(p.add(e).cast()),
+            ElementKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(e).cast())),
             ElementKind::BF16 => {
-                let h = _mm_loadu_si128(p.cast());
+                let h = _mm_loadu_si128(p.add(e).cast());
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+            ElementKind::Q8_0 => {
+                let b = &*p.cast::<KvQ8_0>().add(e / KV_BLOCK);
+                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.qs.as_ptr().add(e % KV_BLOCK).cast()));
+                _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale8(b.d))
+            }
+            ElementKind::Q4_0 => {
+                let b = &*p.cast::<KvQ4_0>().add(e / KV_BLOCK);
+                let o = e % KV_BLOCK;
+                let bytes = _mm_loadl_epi64(b.qs.as_ptr().add(o % (KV_BLOCK / 2)).cast());
+                // Values 0..16 of a block are its bytes' low nibbles, 16..32 the high ones.
+                let nibbles = if o < KV_BLOCK / 2 { bytes } else { _mm_srli_epi16::<4>(bytes) };
+                let q = _mm256_cvtepu8_epi32(_mm_and_si128(nibbles, _mm_set1_epi8(0x0F)));
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))), scale8(b.d))
             }
         }
     }
+}
+
+/// A block's f16 scale in all 8 lanes, exactly.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale8(d: f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(d.to_bits() as i16))
 }
 
 /// [`super::scores`] with AVX2+FMA.
@@ -184,7 +227,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
     r0: usize,
     s: &mut [TileRow],
 ) {
-    debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.iter().all(|row| row.len() == d));
+    debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.iter().all(|row| row.len() * E::VALUES == d));
     let d8 = d / 8 * 8;
     // SAFETY: every pointer offset stays below `d` within a row that the
     // length contract guarantees exists.
@@ -197,7 +240,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
             while e < d8 {
                 let qv: [__m256; MR] = std::array::from_fn(|i| _mm256_loadu_ps(qp[i].add(e)));
                 for c in 0..SCORE_KEYS {
-                    let kv = load8(kp[c].add(e));
+                    let kv = load8(kp[c], e);
                     for i in 0..MR {
                         acc[i][c] = _mm256_fmadd_ps(qv[i], kv, acc[i][c]);
                     }
@@ -210,7 +253,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
                 // Head dims that are not a multiple of 8.
                 for c in 0..SCORE_KEYS {
                     for e in d8..d {
-                        *out.add(c) = (*qp[i].add(e)).mul_add((*kp[c].add(e)).into(), *out.add(c));
+                        *out.add(c) = (*qp[i].add(e)).mul_add(E::value(k[j0 + c], e), *out.add(c));
                     }
                 }
             }
@@ -272,7 +315,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
     r0: usize,
     acc: &mut [f32],
 ) {
-    debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.iter().all(|row| row.len() == d));
+    debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.iter().all(|row| row.len() * E::VALUES == d));
     let (d16, d8) = (d / 16 * 16, d / 8 * 8);
     let w: &[TileRow; MR] = p[r0..r0 + MR].try_into().expect("MR rows");
     // SAFETY: every pointer offset stays below `d` within a row that the
@@ -285,8 +328,8 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
             let mut o: [[__m256; 2]; MR] =
                 std::array::from_fn(|i| [_mm256_loadu_ps(ap[i].add(c)), _mm256_loadu_ps(ap[i].add(c + 8))]);
             for j in 0..TILE {
-                let v0 = load8(vp[j].add(c));
-                let v1 = load8(vp[j].add(c + 8));
+                let v0 = load8(vp[j], c);
+                let v1 = load8(vp[j], c + 8);
                 for i in 0..MR {
                     let wv = _mm256_set1_ps(w[i][j]);
                     o[i][0] = _mm256_fmadd_ps(wv, v0, o[i][0]);
@@ -302,7 +345,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
         if c < d8 {
             let mut o: [__m256; MR] = std::array::from_fn(|i| _mm256_loadu_ps(ap[i].add(c)));
             for j in 0..TILE {
-                let v0 = load8(vp[j].add(c));
+                let v0 = load8(vp[j], c);
                 for i in 0..MR {
                     o[i] = _mm256_fmadd_ps(_mm256_set1_ps(w[i][j]), v0, o[i]);
                 }
@@ -315,7 +358,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
             for i in 0..MR {
                 let mut x = *ap[i].add(c);
                 for j in 0..TILE {
-                    x = w[i][j].mul_add((*vp[j].add(c)).into(), x);
+                    x = w[i][j].mul_add(E::value(v[j], c), x);
                 }
                 *ap[i].add(c) = x;
             }

@@ -15,6 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::{ElementKind, TILE, TileElement, TileRow, TileRows};
+use crate::{KV_BLOCK, KvQ4_0, KvQ8_0};
 
 /// Query rows per block of the score kernel: 4 rows x 4 keys keep 16
 /// accumulators plus the 4 query vectors in the 32 zmm registers.
@@ -24,24 +25,49 @@ const SCORE_KEYS: usize = 4;
 /// Query rows per block of the weighted sum: 8 rows x 32 columns.
 const SUM_ROWS: usize = 8;
 
-/// Sixteen elements at `p` as f32 lanes (exact conversion).
+/// Values `e..e + 16` of the row at `p` as f32 lanes, the bits converting the row to f32
+/// gives them (`e` a multiple of 16).
 ///
 /// # Safety
-/// The CPU must support AVX-512F; `p..p + 16` must be readable.
+/// The CPU must support AVX-512F; the row at `p` must hold values `e..e + 16`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
-unsafe fn load16<E: TileElement>(p: *const E) -> __m512 {
-    // SAFETY: the caller guarantees 16 readable elements.
+unsafe fn load16<E: TileElement>(p: *const E, e: usize) -> __m512 {
+    // SAFETY: the caller guarantees the values are in the row; a block's 16 values at `e`
+    // (a multiple of 16) lie within one block.
     unsafe {
         match E::KIND {
-            ElementKind::F32 => _mm512_loadu_ps(p.cast()),
-            ElementKind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+            ElementKind::F32 => _mm512_loadu_ps(p.add(e).cast()),
+            ElementKind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(e).cast())),
             ElementKind::BF16 => {
-                let h = _mm256_loadu_si256(p.cast());
+                let h = _mm256_loadu_si256(p.add(e).cast());
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            ElementKind::Q8_0 => {
+                let b = &*p.cast::<KvQ8_0>().add(e / KV_BLOCK);
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.qs.as_ptr().add(e % KV_BLOCK).cast()));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(q), scale16(b.d))
+            }
+            ElementKind::Q4_0 => {
+                let b = &*p.cast::<KvQ4_0>().add(e / KV_BLOCK);
+                let bytes = _mm_loadu_si128(b.qs.as_ptr().cast());
+                // Values 0..16 of a block are its bytes' low nibbles, 16..32 the high ones.
+                let nibbles = if e.is_multiple_of(KV_BLOCK) { bytes } else { _mm_srli_epi16::<4>(bytes) };
+                let q = _mm512_cvtepu8_epi32(_mm_and_si128(nibbles, _mm_set1_epi8(0x0F)));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))), scale16(b.d))
             }
         }
     }
+}
+
+/// A block's f16 scale in all 16 lanes, exactly.
+///
+/// # Safety
+/// The CPU must support AVX-512F and F16C.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+unsafe fn scale16(d: half::f16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(d.to_bits() as i16))
 }
 
 /// [`super::scores`] with AVX-512.
@@ -80,7 +106,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
     r0: usize,
     s: &mut [TileRow],
 ) {
-    debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.iter().all(|row| row.len() == d));
+    debug_assert!(r0 + MR <= s.len() && q.len() == s.len() * d && k.iter().all(|row| row.len() * E::VALUES == d));
     let d16 = d / 16 * 16;
     // SAFETY: every pointer offset stays below `d` within a row that the length contract
     // guarantees exists.
@@ -93,7 +119,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
             while e < d16 {
                 let qv: [__m512; MR] = std::array::from_fn(|i| _mm512_loadu_ps(qp[i].add(e)));
                 for c in 0..SCORE_KEYS {
-                    let kv = load16(kp[c].add(e));
+                    let kv = load16(kp[c], e);
                     for i in 0..MR {
                         acc[i][c] = _mm512_fmadd_ps(qv[i], kv, acc[i][c]);
                     }
@@ -106,7 +132,7 @@ unsafe fn score_block<const MR: usize, E: TileElement>(
                 // Head dims that are not a multiple of 16.
                 for c in 0..SCORE_KEYS {
                     for e in d16..d {
-                        *out.add(c) = (*qp[i].add(e)).mul_add((*kp[c].add(e)).into(), *out.add(c));
+                        *out.add(c) = (*qp[i].add(e)).mul_add(E::value(k[j0 + c], e), *out.add(c));
                     }
                 }
             }
@@ -174,7 +200,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
     r0: usize,
     acc: &mut [f32],
 ) {
-    debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.iter().all(|row| row.len() == d));
+    debug_assert!(r0 + MR <= p.len() && acc.len() == p.len() * d && v.iter().all(|row| row.len() * E::VALUES == d));
     let (d32, d16) = (d / 32 * 32, d / 16 * 16);
     let w: &[TileRow; MR] = p[r0..r0 + MR].try_into().expect("MR rows");
     // SAFETY: every pointer offset stays below `d` within a row that the length contract
@@ -187,8 +213,8 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
             let mut o: [[__m512; 2]; MR] =
                 std::array::from_fn(|i| [_mm512_loadu_ps(ap[i].add(c)), _mm512_loadu_ps(ap[i].add(c + 16))]);
             for j in 0..TILE {
-                let v0 = load16(vp[j].add(c));
-                let v1 = load16(vp[j].add(c + 16));
+                let v0 = load16(vp[j], c);
+                let v1 = load16(vp[j], c + 16);
                 for i in 0..MR {
                     let wv = _mm512_set1_ps(w[i][j]);
                     o[i][0] = _mm512_fmadd_ps(wv, v0, o[i][0]);
@@ -204,7 +230,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
         if c < d16 {
             let mut o: [__m512; MR] = std::array::from_fn(|i| _mm512_loadu_ps(ap[i].add(c)));
             for j in 0..TILE {
-                let v0 = load16(vp[j].add(c));
+                let v0 = load16(vp[j], c);
                 for i in 0..MR {
                     o[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i][j]), v0, o[i]);
                 }
@@ -217,7 +243,7 @@ unsafe fn sum_block<const MR: usize, E: TileElement>(
             for i in 0..MR {
                 let mut x = *ap[i].add(c);
                 for j in 0..TILE {
-                    x = w[i][j].mul_add((*vp[j].add(c)).into(), x);
+                    x = w[i][j].mul_add(E::value(v[j], c), x);
                 }
                 *ap[i].add(c) = x;
             }
