@@ -36,6 +36,19 @@ impl PageWalk<'_> {
             (page * self.page_size + p % self.page_size) * self.slot_len + self.kv_off
         })
     }
+
+    /// Asks the cache for the K and V rows of positions `t0..t0 + TILE`: they are scattered
+    /// over pages (a row per position, a slot apart), so asking a tile ahead hides the memory
+    /// latency the hardware prefetcher leaves.
+    #[inline(always)]
+    fn prefetch_tile<K: KvElement, V: KvElement>(&self, k: &[K], v: &[V], t0: usize) {
+        for j in 0..TILE {
+            if let Some(b) = self.row(t0 + j) {
+                prefetch_row(k, b, self.d);
+                prefetch_row(v, b, self.d);
+            }
+        }
+    }
 }
 
 /// Tiles converted to f32 into scratch once, for tasks whose many rows share
@@ -55,12 +68,7 @@ impl<K: KvElement, V: KvElement, const AVX2: bool> TileSource for Converted<'_, 
     #[inline(always)]
     fn rows(&mut self, t0: usize) -> (TileRows<'_, f32>, TileRows<'_, f32>) {
         let d = self.walk.d;
-        for j in 0..TILE {
-            if let Some(b) = self.walk.row(t0 + TILE + j) {
-                prefetch_row(self.k, b, d);
-                prefetch_row(self.v, b, d);
-            }
-        }
+        self.walk.prefetch_tile(self.k, self.v, t0 + TILE);
         for (j, (kr, vr)) in self.kt.chunks_exact_mut(d).zip(self.vt.chunks_exact_mut(d)).enumerate() {
             match self.walk.row(t0 + j) {
                 // Rows start at a whole unit: `validate` checked head_dim against both types.
@@ -98,14 +106,7 @@ impl<EK: TileElement, EV: TileElement> TileSource for InPlace<'_, EK, EV> {
         let walk = self.walk;
         let (k, v) = (self.k, self.v);
         let offsets: [Option<usize>; TILE] = std::array::from_fn(|j| walk.row(t0 + j));
-        // The next tile's rows are scattered over pages (a row per position, a slot apart):
-        // asking for them now hides the memory latency the hardware prefetcher leaves.
-        for j in 0..TILE {
-            if let Some(b) = walk.row(t0 + TILE + j) {
-                prefetch_row(k, b, d);
-                prefetch_row(v, b, d);
-            }
-        }
+        walk.prefetch_tile(k, v, t0 + TILE);
         // Rows start at a whole unit: `validate` checked head_dim against both types.
         (std::array::from_fn(|j| row_units(k, offsets[j], d)), std::array::from_fn(|j| row_units(v, offsets[j], d)))
     }
