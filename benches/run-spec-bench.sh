@@ -7,7 +7,8 @@
 #   benches/run-spec-bench.sh [MODEL]    MODEL: a bench-model.sh name (default qwen-coder) or a .gguf
 #
 # Environment: THREADS=2, ROUNDS=2, EDIT_TOKENS=1024, FREE_TOKENS=300, WORKLOADS (space-separated
-# names, default all), OUT=target/spec-bench (table in spec-bench.md, raw JSON, server logs).
+# names, default all), OUT=target/spec-bench (table in spec-bench.md, raw JSON, server logs),
+# SPEC_TYPE=ngram (ours: ngram, draft-mtp or ngram,draft-mtp), LLAMA_SPEC_TYPE=ngram-mod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-target/spec-bench}"

@@ -9,8 +9,8 @@ Workloads, all greedy chat requests:
 - tool-call: a turn that answers with an edit tool call quoting the context.
 
 Per round, each server runs alone (one at a time on the machine): radix-serve with
-`--spec-type ngram`, every request sent with speculation on and opted out (`speculative: false`)
-alternately; llama-server with `--spec-type ngram-mod` and without speculation. The best
+`--spec-type ngram` (`SPEC_TYPE`, e.g. `draft-mtp` on a model with an MTP head), every request sent with speculation on and opted out (`speculative: false`)
+alternately; llama-server with `--spec-type ngram-mod` (`LLAMA_SPEC_TYPE`) and without speculation. The best
 round's decode rate (generated tokens / decode time, from each server's `timings`) counts.
 Greedy output with and without our speculation must be the same text: a difference fails.
 
@@ -36,6 +36,9 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 EDIT_TOKENS = int(os.environ.get("EDIT_TOKENS", "1024"))
 FREE_TOKENS = int(os.environ.get("FREE_TOKENS", "300"))
 WORKLOADS = os.environ.get("WORKLOADS", "")
+# Where drafts come from: ours `ngram`, `draft-mtp` or both; llama-server's own spelling.
+SPEC_TYPE = os.environ.get("SPEC_TYPE", "ngram")
+LLAMA_SPEC_TYPE = os.environ.get("LLAMA_SPEC_TYPE", "ngram-mod")
 CTX = "8192"
 
 
@@ -147,9 +150,9 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     loads = workloads()
     arms = {
-        "ours": ([OURS, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "4", "--spec-type", "ngram"],
+        "ours": ([OURS, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "4", "--spec-type", SPEC_TYPE],
                  {"plain": {"speculative": False}, "spec": {}}),
-        "llama-spec": ([LLAMA, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "1", "--spec-type", "ngram-mod"],
+        "llama-spec": ([LLAMA, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "1", "--spec-type", LLAMA_SPEC_TYPE],
                        {"spec": {}}),
         "llama-plain": ([LLAMA, "-m", MODEL, "-t", THREADS, "-c", CTX, "-np", "1"], {"plain": {}}),
     }

@@ -24,6 +24,9 @@
 #                                    2-layer shape; qwen35np, the Qwen3.5-0.8B shape with its own
 #                                    tokenizer; qwen35mininp, qwen35-mini) drawn with numpy by scripts/gen_shaped_numpy.py
 #                                    in its own venv (no torch), quantized by llama-quantize
+#   scripts/bench-model.sh qwen35mtpnp  qwen35np with one multi-token-prediction (MTP, nextn) block
+#                                    after its 24 layers, as llama.cpp's converter writes Qwen3.5
+#                                    checkpoints that have one (gen_shaped_numpy.py --mtp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$HOME/.cache/radix-serve/refenv/bin/python}"
@@ -65,17 +68,19 @@ case "${1:-}" in
     fi
     echo "$f"
     ;;
-  qwen3np | qwen3moenp | qwen35np | qwen35mininp)
+  qwen3np | qwen3moenp | qwen35np | qwen35mtpnp | qwen35mininp)
     # The same shapes drawn with numpy (scripts/gen_shaped_numpy.py) where the torch venv of the
     # generators above cannot be installed; the Qwen3 shapes' Qwen2 BPE tokenizer is the default
     # model's, the Qwen3.5 shape's is Qwen3.5's own, written as for qwen35 above.
+    mtp=()
     case "$1" in
       qwen3np) shape=qwen3-0.6b ;;
       qwen35np) shape=qwen35-0.8b ;;
+      qwen35mtpnp) shape=qwen35-0.8b mtp=(--mtp) ;;
       qwen35mininp) shape=qwen35-mini ;;
       *) shape=qwen3moe-30b-a3b-2l ;;
     esac
-    f="$HOME/.cache/radix-serve/models/$shape-shaped-np-seed0.Q4_K_M.gguf"
+    f="$HOME/.cache/radix-serve/models/$shape${mtp:+-mtp}-shaped-np-seed0.Q4_K_M.gguf"
     if [ ! -f "$f" ]; then
       llama_bin=$(nice -n 10 scripts/build-llama-cpp.sh)
       venv="$HOME/.cache/radix-serve/npenv"
@@ -95,7 +100,7 @@ case "${1:-}" in
       fi
       echo "bench-model.sh: generating $f" >&2
       "$venv/bin/python" scripts/gen_shaped_numpy.py --shape "$shape" --gguf-py "$(dirname "$llama_bin")/src/gguf-py" \
-        "${vocab[@]}" --out "$f.F16" --seed 0 >&2
+        "${vocab[@]}" ${mtp[@]+"${mtp[@]}"} --out "$f.F16" --seed 0 >&2
       "$llama_bin/llama-quantize" "$f.F16" "$f" Q4_K_M >&2
       rm -f "$f.F16"
       if [ -n "${tok:-}" ]; then rm -rf "$tok"; fi
@@ -109,5 +114,5 @@ case "${1:-}" in
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     "$target_dir/release/radix-serve" default-model
     ;;
-  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe, qwen3np, qwen3moenp, qwen35np or qwen-coder)" >&2; exit 2 ;;
+  *) echo "bench-model.sh: unknown model '${1:-}' (smollm2, qwen3, qwen35, qwen35-f16, qwen35-mini, qwen3moe, qwen3np, qwen3moenp, qwen35np, qwen35mtpnp, qwen35mininp or qwen-coder)" >&2; exit 2 ;;
 esac

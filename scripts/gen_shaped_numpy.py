@@ -36,8 +36,18 @@ llama.cpp's (the converter's) for `qwen3`, `qwen3moe` and `qwen35`; the values d
 torch generators' draws, so a file made here is not byte-equal to one made there (ratios against
 llama.cpp on the same file are what count).
 
+MTP (`--mtp`, the Qwen3.5 shapes). One multi-token-prediction ("nextn") block after the model's L
+layers, as the converter's _QwenMtpMixin writes a Qwen3.5/3.6 checkpoint's `mtp.*` tensors:
+`block_count` L + 1, `qwen35.nextn_predict_layers` 1, the recurrent-layer flags extended with a
+false (the block is full attention), and at block L a full-attention layer's tensors plus
+`nextn.eh_proj` ({2 n_embd, n_embd}: concat(enorm(embedding), hnorm(hidden)) -> n_embd),
+`nextn.enorm`, `nextn.hnorm` and `nextn.shared_head_norm`; the embedding and LM head are the
+model's (no `nextn.embed_tokens` / `nextn.shared_head_head`). Drawn after the L layers, as they
+are, so the L layers' values are the ones of the file without `--mtp`.
+
     python3 gen_shaped_numpy.py --shape qwen3-0.6b --gguf-py DIR --donor FILE.gguf --out F16.gguf
     python3 gen_shaped_numpy.py --shape qwen35-0.8b --gguf-py DIR --tokenizer DIR --out F16.gguf
+    python3 gen_shaped_numpy.py --shape qwen35-0.8b --mtp --gguf-py DIR --tokenizer DIR --out F16.gguf
 """
 
 import argparse
@@ -104,9 +114,14 @@ def main():
                    "(the Qwen3.5 shape)")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="append one MTP (nextn) block after the layers "
+                   "(the Qwen3.5 shapes)")
     a = p.parse_args()
     s = SHAPES[a.shape]
     qwen35 = s["arch"] == "qwen35"
+    if a.mtp and not qwen35:
+        p.error(f"--mtp is for the Qwen3.5 shapes ({', '.join(k for k, v in SHAPES.items() if v['arch'] == 'qwen35')}), "
+                f"not {a.shape}")
     if qwen35 and not a.tokenizer:
         p.error(f"--shape {a.shape} needs --tokenizer")
     if not qwen35 and not a.donor:
@@ -122,10 +137,11 @@ def main():
     else:
         donor = gguf.GGUFReader(a.donor)
         vocab = len(donor.fields["tokenizer.ggml.tokens"].contents())
-    w.add_name(f"{a.shape}-shaped-seed{a.seed}")
+    w.add_name(f"{a.shape}{'-mtp' if a.mtp else ''}-shaped-seed{a.seed}")
     w.add_context_length(s["ctx"])
     w.add_embedding_length(s["hidden"])
-    w.add_block_count(s["layers"])
+    # _QwenMtpMixin: the MTP block counts in block_count.
+    w.add_block_count(s["layers"] + (1 if a.mtp else 0))
     w.add_feed_forward_length(s["ffn"])
     w.add_head_count(s["heads"])
     w.add_head_count_kv(s["kv"])
@@ -142,6 +158,11 @@ def main():
         # Qwen3NextModel.set_gguf_parameters and _Qwen35MRopeMixin in the converter.
         n_layer, interval = s["layers"], s["full_attention_interval"]
         recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+        if a.mtp:
+            # The converter's recurrent flags cover block_count, the MTP block false (full
+            # attention); llama.cpp checks the array's length against block_count.
+            recurrent.append(False)
+            w.add_nextn_predict_layers(1)
         w.add_rope_dimension_sections(s["rope_sections"])
         w.add_ssm_conv_kernel(s["conv_kernel"])
         w.add_ssm_state_size(s["linear_key_dim"])
@@ -176,6 +197,16 @@ def main():
     if not s["tied"]:
         w.add_tensor("output.weight", normal(vocab, h, std=embed_std))
     w.add_tensor("output_norm.weight", norm(h))
+
+    def full_attention(b):
+        # Qwen3.5's attn_q holds the query and the output gate of each head: 2x the rows.
+        w.add_tensor(b + "attn_q.weight", normal(s["heads"] * hd * (2 if qwen35 else 1), h))
+        w.add_tensor(b + "attn_k.weight", normal(s["kv"] * hd, h))
+        w.add_tensor(b + "attn_v.weight", normal(s["kv"] * hd, h))
+        w.add_tensor(b + "attn_output.weight", normal(h, s["heads"] * hd))
+        w.add_tensor(b + "attn_q_norm.weight", norm(hd))
+        w.add_tensor(b + "attn_k_norm.weight", norm(hd))
+
     for i in range(s["layers"]):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", norm(h))
@@ -198,13 +229,7 @@ def main():
             w.add_tensor(b + "ssm_norm.weight", norm(dv))
             w.add_tensor(b + "ssm_out.weight", normal(h, nv * dv))
         else:
-            # Qwen3.5's attn_q holds the query and the output gate of each head: 2x the rows.
-            w.add_tensor(b + "attn_q.weight", normal(s["heads"] * hd * (2 if qwen35 else 1), h))
-            w.add_tensor(b + "attn_k.weight", normal(s["kv"] * hd, h))
-            w.add_tensor(b + "attn_v.weight", normal(s["kv"] * hd, h))
-            w.add_tensor(b + "attn_output.weight", normal(h, s["heads"] * hd))
-            w.add_tensor(b + "attn_q_norm.weight", norm(hd))
-            w.add_tensor(b + "attn_k_norm.weight", norm(hd))
+            full_attention(b)
         # Qwen3.5 names its pre-MLP norm post_attention_norm (ATTN_POST_NORM), Qwen3 ffn_norm.
         w.add_tensor(b + ("post_attention_norm.weight" if qwen35 else "ffn_norm.weight"), norm(h))
         if "experts" in s:
@@ -217,11 +242,28 @@ def main():
             w.add_tensor(b + "ffn_gate.weight", normal(s["ffn"], h))
             w.add_tensor(b + "ffn_up.weight", normal(s["ffn"], h))
             w.add_tensor(b + "ffn_down.weight", normal(h, s["ffn"]))
+    if a.mtp:
+        # llama_model_qwen35::load_block_mtp: a full-attention block (the converter maps
+        # mtp.layers.0.* to blk.L.*) and the nextn tensors (mtp.fc -> eh_proj,
+        # pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm;
+        # 1 + w norms with the 1 folded in like the others). eh_proj's input is
+        # concat(enorm(embedding), hnorm(hidden)), 2 * hidden wide.
+        b = f"blk.{s['layers']}."
+        w.add_tensor(b + "nextn.eh_proj.weight", normal(h, 2 * h))
+        w.add_tensor(b + "nextn.enorm.weight", norm(h))
+        w.add_tensor(b + "nextn.hnorm.weight", norm(h))
+        w.add_tensor(b + "attn_norm.weight", norm(h))
+        full_attention(b)
+        w.add_tensor(b + "post_attention_norm.weight", norm(h))
+        w.add_tensor(b + "ffn_gate.weight", normal(s["ffn"], h))
+        w.add_tensor(b + "ffn_up.weight", normal(s["ffn"], h))
+        w.add_tensor(b + "ffn_down.weight", normal(h, s["ffn"]))
+        w.add_tensor(b + "nextn.shared_head_norm.weight", norm(h))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {a.out} ({arch}, vocab {vocab}, {n_tokens} tokens)", file=sys.stderr)
+    print(f"wrote {a.out} ({arch}, vocab {vocab}, {n_tokens} tokens{', MTP block' if a.mtp else ''})", file=sys.stderr)
 
 
 if __name__ == "__main__":

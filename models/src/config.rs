@@ -126,8 +126,13 @@ pub struct ModelConfig {
     pub hybrid: Option<HybridConfig>,
     /// The sparse MLP of a mixture-of-experts model.
     pub moe: Option<MoeConfig>,
-    /// Layers of multi-token-prediction heads the file carries and we skip (none run).
-    pub skipped_mtp_layers: usize,
+    /// Layers of multi-token-prediction heads the file carries after the decoder's own
+    /// (Qwen3.5/3.6 `nextn` layers); none run unless [`mtp_head`](Self::mtp_head) is set.
+    pub mtp_layers: usize,
+    /// The first multi-token-prediction head is loaded and runs (`crate::LoadOptions::mtp`):
+    /// its attention is one more KV pool layer, the last, and a hybrid model's state slot also
+    /// keeps the decoder's last hidden row, which the head reads beside the next token.
+    pub mtp_head: bool,
 }
 
 #[derive(Deserialize)]
@@ -229,7 +234,8 @@ impl ModelConfig {
             attention_output_gate: arch.is_qwen35(),
             hybrid: hf.layers.hybrid(arch, hf.num_hidden_layers)?,
             moe,
-            skipped_mtp_layers: hf.layers.mtp_num_hidden_layers.unwrap_or(0),
+            mtp_layers: hf.layers.mtp_num_hidden_layers.unwrap_or(0),
+            mtp_head: false,
         };
         config.validate()?;
         Ok(config)
@@ -263,8 +269,8 @@ impl ModelConfig {
         let vocab_size = embedding.shape.dims().first().copied().unwrap_or(0);
         let block_count = usize_of("block_count")?;
         // Multi-token-prediction layers are counted in `block_count` and come last.
-        let skipped_mtp_layers = usize_of("nextn_predict_layers").unwrap_or(0).min(block_count);
-        let num_layers = block_count - skipped_mtp_layers;
+        let mtp_layers = usize_of("nextn_predict_layers").unwrap_or(0).min(block_count);
+        let num_layers = block_count - mtp_layers;
         let moe = layers::gguf_moe(arch, &|k| usize_of(k).ok(), num_layers)?;
         let hybrid = layers::gguf_hybrid(arch, md, &key, &|k| usize_of(k).ok(), num_layers)?;
         let intermediate_size = match (usize_of("feed_forward_length"), &moe) {
@@ -297,7 +303,8 @@ impl ModelConfig {
             attention_output_gate: arch.is_qwen35(),
             hybrid,
             moe,
-            skipped_mtp_layers,
+            mtp_layers,
+            mtp_head: false,
         };
         config.validate()?;
         Ok(config)
@@ -334,9 +341,10 @@ impl ModelConfig {
         self.hybrid.as_ref().is_some_and(|h| h.recurrent_layers.get(layer).copied().unwrap_or(false))
     }
 
-    /// Layers with attention, each of which has a layer in the KV pool.
+    /// Layers with attention, each of which has a layer in the KV pool, and the running
+    /// multi-token-prediction head's.
     pub fn num_kv_layers(&self) -> usize {
-        (0..self.num_layers).filter(|&l| !self.is_recurrent_layer(l)).count()
+        (0..self.num_layers).filter(|&l| !self.is_recurrent_layer(l)).count() + usize::from(self.mtp_head)
     }
 }
 

@@ -33,10 +33,14 @@ mod gather;
 mod head;
 mod mlp;
 mod moe;
+mod mtp;
 
 use backend::ForwardContext;
 use decoder_layer::{DecoderLayer, LayerCache};
 use head::Head;
+use mtp::MtpHead;
+
+pub use mtp::MtpDraftRequest;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -59,6 +63,11 @@ pub struct LoadOptions {
     /// memory and run on the CPU kernels, everything else on the device (llama-server's
     /// `--n-cpu-moe N`; `usize::MAX` is its `--cpu-moe`). Nothing changes on the CPU.
     pub cpu_moe_layers: usize,
+    /// Load and run the file's multi-token-prediction head (Qwen3.5/3.6 `nextn` layers), which
+    /// drafts for speculative decoding ([`Model::draft_mtp`]); every pass then also fills the
+    /// head's KV layer. Dense Qwen3.5 GGUF files on the CPU path; elsewhere it is skipped with a
+    /// load note saying why.
+    pub mtp: bool,
 }
 
 impl Default for LoadOptions {
@@ -69,6 +78,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             tensor_path: false,
             cpu_moe_layers: 0,
+            mtp: false,
         }
     }
 }
@@ -79,6 +89,8 @@ pub struct Model {
     embedding: Embedding,
     layers: Vec<DecoderLayer>,
     head: Head,
+    /// The multi-token-prediction head, when loaded ([`LoadOptions::mtp`]).
+    mtp: Option<MtpHead>,
     rope: Rope,
     threads: rayon::ThreadPool,
     notes: Vec<String>,
@@ -155,7 +167,7 @@ impl Model {
 
     fn from_source(
         source: &dyn WeightSource,
-        config: ModelConfig,
+        mut config: ModelConfig,
         layout: RopeLayout,
         options: &LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
@@ -182,24 +194,25 @@ impl Model {
             None
         };
         let rope = Rope::new(&config, layout, divisors.as_deref());
+        let tensor_path = options.tensor_path || !device.is_cpu();
+        let (mtp, skipped_mtp) = match mtp::skip_reason(&config, source.naming(), options, tensor_path, &weights) {
+            None => (Some(MtpHead::load(&config, &mut weights)?), None),
+            Some(why) => (None, why),
+        };
         let mut notes = weights.into_notes();
-        if config.skipped_mtp_layers > 0 {
-            notes.push(format!(
-                "skipped the multi-token-prediction head's {} layer(s): it does not run here",
-                config.skipped_mtp_layers
-            ));
-        }
+        notes.extend(skipped_mtp);
+        config.mtp_head = mtp.is_some();
         let threads = rayon::ThreadPoolBuilder::new()
             .num_threads(options.threads.max(1))
             .thread_name(|i| format!("radix-model-{i}"))
             .build()
             .map_err(|e| ModelError::Config(format!("cannot start {} model threads: {e}", options.threads)))?;
-        let tensor_path = options.tensor_path || !device.is_cpu();
         Ok(Model {
             config,
             embedding,
             layers,
             head,
+            mtp,
             rope,
             threads,
             notes,
@@ -285,7 +298,7 @@ impl Model {
             for (delta_net, layer_state) in recurrent.zip(state.layers.iter_mut()) {
                 delta_net.apply_verified(layer_state, slot, rows.clone())?;
             }
-            Ok(())
+            state.apply_verified_carry(slot, rows)
         })
     }
 
@@ -324,7 +337,7 @@ impl Model {
             let pool = state.as_deref().ok_or_else(|| {
                 ModelError::KvPool("a hybrid model's forward pass needs a state pool (Model::new_state_pool)".into())
             })?;
-            if !pool.fits(hybrid) {
+            if !pool.fits(hybrid) || !pool.carries(self.mtp.as_ref().map(|_| self.config.hidden_size)) {
                 return Err(ModelError::KvPool("the state pool was made for another model".into()));
             }
             if let Some((i, s)) = batch
@@ -359,6 +372,7 @@ impl Model {
             let ctx = ForwardContext::new(&self.config, &self.rope, batch, layout, &self.device, self.tensor_path)?;
             let ids = Tensor::from_slice(&batch.tokens, batch.tokens.len(), &self.device)?;
             let mut x = self.embedding.forward(&ids)?;
+            let embedded = self.mtp.as_ref().map(|_| x.clone());
             let mut kv_layers = kv.layers.iter_mut();
             let mut state_layers = state.as_mut().map(|s| s.layers.iter_mut());
             for layer in &self.layers {
@@ -370,7 +384,15 @@ impl Model {
                 let cache = cache.ok_or_else(|| ModelError::KvPool("fewer cache layers than model layers".into()))?;
                 x = layer.forward(&x, &ctx, cache)?;
             }
-            self.head.forward(&x, &batch.logit_rows())
+            match (&self.mtp, embedded, kv_layers.next(), state) {
+                (Some(mtp), Some(embedded), Some(head_kv), Some(state)) => {
+                    self.finish_pass_with_mtp(mtp, batch, &ctx, &embedded, &x, head_kv, state)
+                }
+                (Some(_), ..) => {
+                    Err(ModelError::KvPool("the multi-token-prediction head has no KV layer or state".into()))
+                }
+                (None, ..) => self.head.forward(&x, &batch.logit_rows()),
+            }
         })
     }
 }

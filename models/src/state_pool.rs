@@ -4,6 +4,11 @@
 //! and writes the slots its batch names ([`crate::SequenceChunk::state_slot`]) and keeps
 //! nothing. A slot can be copied, so a state can be snapshotted and resumed.
 //!
+//! With a multi-token-prediction head running ([`ModelConfig::mtp_head`]), a slot also keeps
+//! the decoder's last normed hidden row: the head pairs it with the next token, so it belongs to
+//! the state at a position as the recurrent layers' state does, and travels with it (copies,
+//! snapshots, the disk tier).
+//!
 //! On a CUDA device the pool is GPU memory (one f32 tensor per layer's conv and SSM state), the
 //! Gated DeltaNet kernels read and write it in place, and a slot is copied device to device;
 //! elsewhere it is host memory (the CPU path's kernels work on it in place).
@@ -117,6 +122,15 @@ pub(crate) struct VerifiedSpan {
     pub(crate) applied: usize,
 }
 
+/// The multi-token-prediction head's input carried from one pass to the next.
+#[derive(Debug, Clone)]
+pub(crate) struct CarriedHidden {
+    /// `[slots, hidden]`: the decoder's normed hidden row of each slot's last position.
+    pub(crate) rows: Vec<f32>,
+    /// By slot: a verified span's hidden rows and how many of them were applied.
+    pub(crate) verified: HashMap<u32, (Vec<f32>, usize)>,
+}
+
 /// Recurrent state slots for a hybrid model.
 #[derive(Debug, Clone)]
 pub struct StatePool {
@@ -125,6 +139,9 @@ pub struct StatePool {
     num_slots: usize,
     /// One per Gated DeltaNet layer, in layer order.
     pub(crate) layers: Vec<LayerState>,
+    /// Width of a carried hidden row (0: no multi-token-prediction head runs).
+    hidden: usize,
+    pub(crate) carried: CarriedHidden,
 }
 
 impl StatePool {
@@ -151,7 +168,9 @@ impl StatePool {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(StatePool { conv_len, ssm_len, num_slots, layers })
+        let hidden = if config.mtp_head { config.hidden_size } else { 0 };
+        let carried = CarriedHidden { rows: vec![0.0; num_slots * hidden], verified: HashMap::new() };
+        Ok(StatePool { conv_len, ssm_len, num_slots, layers, hidden, carried })
     }
 
     /// Where the pool lives: `None` for host memory.
@@ -174,7 +193,8 @@ impl StatePool {
     /// Bytes of one sequence's state across all recurrent layers.
     pub fn slot_bytes(config: &ModelConfig) -> Result<usize> {
         let h = hybrid_of(config)?;
-        Ok(h.num_recurrent_layers() * (h.conv_state_len() + h.ssm_state_len()) * std::mem::size_of::<f32>())
+        let carried = if config.mtp_head { config.hidden_size } else { 0 };
+        Ok((h.num_recurrent_layers() * (h.conv_state_len() + h.ssm_state_len()) + carried) * std::mem::size_of::<f32>())
     }
 
     /// Slots in the pool.
@@ -195,6 +215,8 @@ impl StatePool {
             layer.conv.copy_within(from * self.conv_len, to * self.conv_len, self.conv_len)?;
             layer.ssm.copy_within(from * self.ssm_len, to * self.ssm_len, self.ssm_len)?;
         }
+        let h = self.hidden;
+        self.carried.rows.copy_within(from * h..(from + 1) * h, to * h);
         Ok(())
     }
 
@@ -207,20 +229,79 @@ impl StatePool {
             layer.conv.clear(slot * self.conv_len, self.conv_len)?;
             layer.ssm.clear(slot * self.ssm_len, self.ssm_len)?;
         }
+        self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden].fill(0.0);
         Ok(())
     }
 
-    /// Slot `slot`'s state in every layer, conv then SSM, layer after layer (for tests and
-    /// snapshots).
+    /// Slot `slot`'s state in every layer, conv then SSM, layer after layer, then its carried
+    /// hidden row if any (for tests and snapshots).
     pub fn read_slot(&self, slot: u32) -> Result<Vec<f32>> {
         self.check(slot)?;
         let slot = slot as usize;
-        let mut out = Vec::with_capacity(self.layers.len() * (self.conv_len + self.ssm_len));
+        let mut out = Vec::with_capacity(self.slot_len());
         for layer in &self.layers {
             out.extend(layer.conv.read(slot * self.conv_len, self.conv_len)?);
             out.extend(layer.ssm.read(slot * self.ssm_len, self.ssm_len)?);
         }
+        out.extend_from_slice(self.carried_row(slot as u32));
         Ok(out)
+    }
+
+    /// Values of one slot, as [`read_slot`](Self::read_slot) gives them.
+    fn slot_len(&self) -> usize {
+        self.layers.len() * (self.conv_len + self.ssm_len) + self.hidden
+    }
+
+    /// The hidden row slot `slot` carries for the multi-token-prediction head (empty without
+    /// one); the caller has checked the slot.
+    pub(crate) fn carried_row(&self, slot: u32) -> &[f32] {
+        let slot = slot as usize;
+        &self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden]
+    }
+
+    /// Sets the hidden row slot `slot` carries.
+    pub(crate) fn carry(&mut self, slot: u32, row: &[f32]) {
+        let slot = slot as usize;
+        self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden].copy_from_slice(row);
+    }
+
+    /// Keeps a verified span's hidden rows (`[rows, hidden]`) beside slot `slot`: the one of
+    /// the last accepted row becomes the carried row ([`apply_verified_carry`](Self::apply_verified_carry)).
+    pub(crate) fn keep_verified_carry(&mut self, slot: u32, rows: Vec<f32>) {
+        if self.hidden > 0 {
+            self.carried.verified.insert(slot, (rows, 0));
+        }
+    }
+
+    /// Carries the hidden row of the verified span's row `rows.end - 1`; calls continue one
+    /// another from row 0, as the recurrent layers' do, and the span goes with its last row.
+    pub(crate) fn apply_verified_carry(&mut self, slot: u32, rows: std::ops::Range<usize>) -> Result<()> {
+        if self.hidden == 0 || rows.is_empty() {
+            return Ok(());
+        }
+        let (span, applied) = self
+            .carried
+            .verified
+            .remove(&slot)
+            .ok_or_else(|| ModelError::Batch(format!("no verified span on state slot {slot} to carry from")))?;
+        let len = span.len() / self.hidden;
+        if rows.start != applied || rows.end > len {
+            return Err(ModelError::Batch(format!(
+                "rows {rows:?} of a verified span of {len} rows, {applied} of them applied"
+            )));
+        }
+        let row = &span[(rows.end - 1) * self.hidden..rows.end * self.hidden];
+        let row = row.to_vec();
+        self.carry(slot, &row);
+        if rows.end < len {
+            self.carried.verified.insert(slot, (span, rows.end));
+        }
+        Ok(())
+    }
+
+    /// Whether slots carry a hidden row for a multi-token-prediction head of width `hidden`.
+    pub(crate) fn carries(&self, hidden: Option<usize>) -> bool {
+        self.hidden == hidden.unwrap_or(0)
     }
 
     /// Sets slot `slot`'s state from `values`, in [`read_slot`](Self::read_slot)'s order (a
@@ -228,16 +309,18 @@ impl StatePool {
     pub fn write_slot(&mut self, slot: u32, values: &[f32]) -> Result<()> {
         self.check(slot)?;
         let per_layer = self.conv_len + self.ssm_len;
-        if values.len() != self.layers.len() * per_layer {
+        if values.len() != self.slot_len() {
             return Err(ModelError::KvPool(format!(
                 "a state of {} values for slots of {}",
                 values.len(),
-                self.layers.len() * per_layer
+                self.slot_len()
             )));
         }
         self.discard_verified(slot);
+        let (recurrent, carried) = values.split_at(self.layers.len() * per_layer);
+        self.carry(slot, carried);
         let slot = slot as usize;
-        for (layer, values) in self.layers.iter_mut().zip(values.chunks_exact(per_layer)) {
+        for (layer, values) in self.layers.iter_mut().zip(recurrent.chunks_exact(per_layer)) {
             let (conv, ssm) = values.split_at(self.conv_len);
             layer.conv.write(slot * self.conv_len, conv)?;
             layer.ssm.write(slot * self.ssm_len, ssm)?;
@@ -251,6 +334,7 @@ impl StatePool {
         for layer in &mut self.layers {
             layer.verified.remove(&slot);
         }
+        self.carried.verified.remove(&slot);
     }
 
     /// Whether the pool was made for this many recurrent layers of these sizes.

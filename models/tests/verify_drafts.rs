@@ -5,6 +5,10 @@
 //! state `m` decode steps leave, from which decoding goes on exactly as it would have. The
 //! drafts after the first `m` are junk, as rejected drafts are: their K/V must not matter.
 //!
+//! With a multi-token-prediction head (the `qwen35mtp` fixture) the state includes the hidden
+//! row the head carries, and the head drafts the same after the accepted rows as after a cold
+//! pass over the same tokens.
+//!
 //! Every comparison is bitwise: the engine promises greedy output identical with and without
 //! speculation, which holds only if the verify pass computes what decode steps compute.
 
@@ -17,7 +21,11 @@ const CASES: u32 = 12;
 
 fn fixtures(arch: &str) -> Vec<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch);
-    vec![dir.join("model-q8_0.gguf"), dir.join("model.safetensors")]
+    match arch {
+        // Made from the qwen35 fixture by `examples/add_mtp_head.rs`: one file.
+        "qwen35mtp" => vec![dir.join("model-f32.gguf")],
+        _ => vec![dir.join("model-q8_0.gguf"), dir.join("model.safetensors")],
+    }
 }
 
 /// One sequence's pools: its K/V pages (page `i` is table entry `i`) and, for a hybrid model,
@@ -59,11 +67,25 @@ impl<'a> Run<'a> {
     fn state(&self) -> Option<Vec<f32>> {
         self.state.as_ref().map(|s| s.read_slot(0).unwrap())
     }
+
+    /// The multi-token-prediction head's greedy draft of 3 tokens after `token` at `position`.
+    fn draft(&mut self, token: u32, position: usize) -> Vec<u32> {
+        let request = radix_models::MtpDraftRequest {
+            token,
+            position,
+            page_table: &self.table[..(position + 3).div_ceil(PAGE_SIZE)],
+            state_slot: 0,
+            max_tokens: 3,
+        };
+        let state = self.state.as_ref().unwrap();
+        self.model.draft_mtp(&mut self.pool, state, &[request], 0.0).unwrap().remove(0)
+    }
 }
 
 fn check(arch: &str) {
     for path in fixtures(arch) {
-        let model = Model::load(&path, &LoadOptions::default()).unwrap();
+        let model = Model::load(&path, &LoadOptions { mtp: arch == "qwen35mtp", ..LoadOptions::default() }).unwrap();
+        assert_eq!(model.has_mtp_head(), arch == "qwen35mtp");
         let vocab = model.config().vocab_size as u32;
         let mut runner = TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() });
         let case = (
@@ -119,6 +141,16 @@ fn check(arch: &str) {
                     let logits = spec.pass(&[continuation[accepted]], prompt.len() + accepted + 1, false).remove(0);
                     prop_assert!(logits == steps[accepted].0, "{}: decode after the rejected drafts differs", arch);
                     prop_assert!(spec.state() == steps[accepted].1);
+                    if model.has_mtp_head() {
+                        // After one more token: the head's draft equals a cold pass's there.
+                        let end = prompt.len() + accepted + 1;
+                        let mut cold = Run::new(&model);
+                        cold.pass(&[&prompt[..], &continuation[..=accepted]].concat(), end, false);
+                        let next = (continuation[accepted] + 1) % vocab;
+                        let (want, got) = (cold.draft(next, end), spec.draft(next, end));
+                        prop_assert_eq!(want.len(), 3);
+                        prop_assert_eq!(want, got, "{}: the head drafts otherwise after verified rows", arch);
+                    }
                 }
                 Ok(())
             })
@@ -139,6 +171,11 @@ fn qwen35_verifies_drafts_as_decode_steps() {
 #[test]
 fn qwen35moe_verifies_drafts_as_decode_steps() {
     check("qwen35moe");
+}
+
+#[test]
+fn qwen35_with_mtp_head_verifies_drafts_as_decode_steps() {
+    check("qwen35mtp");
 }
 
 #[test]

@@ -280,10 +280,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let device = parse_device(&args.device).with_context(|| format!("--device {}", args.device))?;
     let on_cpu = device.is_cpu();
     let cpu_moe_layers = args.moe.cpu_moe_layers();
-    let options =
-        LoadOptions { threads, device, tensor_path: args.tensor_path, cpu_moe_layers, ..LoadOptions::default() };
+    let wants_head = args.spec.config().map_err(anyhow::Error::msg)?.spec_type.mtp();
+    let options = LoadOptions {
+        threads,
+        device,
+        tensor_path: args.tensor_path,
+        cpu_moe_layers,
+        mtp: wants_head,
+        ..LoadOptions::default()
+    };
     let model = Model::load_with_progress(files.path(), &options, &mut bar)
         .with_context(|| format!("cannot load {}", files.path().display()))?;
+    if wants_head && !model.has_mtp_head() {
+        let why = match model.config().mtp_layers {
+            0 => "the model carries no multi-token-prediction head (GGUF `nextn_predict_layers`)".to_owned(),
+            _ => model.load_notes().iter().find(|n| n.contains("multi-token")).cloned().unwrap_or_default(),
+        };
+        anyhow::bail!(
+            "--spec-type draft-mtp: {why}; use --spec-type ngram, or a Qwen3.5/3.6 GGUF converted with its MTP layers"
+        );
+    }
     for note in model.load_notes().iter().cloned().chain(args.moe.note(on_cpu, model.config())) {
         eprintln!("radix-serve: {note}");
     }
@@ -374,9 +390,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let context_length = wanted_context.min(capacity.saturating_sub(pool.page_size()).max(1));
     let model_name = Path::new(&spec).file_name().map_or(spec.clone(), |n| n.to_string_lossy().into_owned());
     let spec = args.spec.config().map_err(anyhow::Error::msg)?;
+    let sources = match (spec.spec_type.ngram(), spec.spec_type.mtp()) {
+        (true, true) => format!("prompt lookup, else the model's MTP head (at most {} tokens)", spec.mtp_max),
+        (false, true) => format!("the model's MTP head (at most {} tokens, p >= {})", spec.mtp_max, spec.p_min),
+        _ => "prompt lookup".to_owned(),
+    };
     match (spec.enabled(), model.verifies_drafts()) {
         (true, true) => eprintln!(
-            "radix-serve: speculative decoding: prompt lookup, drafts of {} to {} tokens",
+            "radix-serve: speculative decoding: {sources}, drafts of {} to {} tokens",
             spec.draft_min.max(1),
             spec.draft_max
         ),

@@ -3,7 +3,9 @@
 //! tokens and log-probabilities, greedy and seeded sampling alike, with grammars, stop strings,
 //! penalties, `max_tokens`, prefix-cache hits, snapshots and several sequences verified side by
 //! side with prefill chunks; drafts are both accepted and rejected on the way, and when
-//! everything is done no page or state slot is left behind.
+//! everything is done no page or state slot is left behind. The same on the tiny Qwen3.5 with a
+//! multi-token-prediction head, drafting by prompt lookup where it matches and with the head
+//! elsewhere.
 
 use std::sync::Arc;
 
@@ -21,11 +23,13 @@ use common::{Outcome, request, run};
 const PER_KIND: usize = 10;
 
 fn config(spec: bool) -> EngineConfig {
+    config_of(if spec { SpecType::Ngram } else { SpecType::None })
+}
+
+fn config_of(spec_type: SpecType) -> EngineConfig {
     let mut config = EngineConfig::new(3, 24, true, 512);
     config.snapshot_interval = 8;
-    if spec {
-        config.spec = SpecConfig { spec_type: SpecType::Ngram, draft_max: 12, ngram_min: 2, ..SpecConfig::default() };
-    }
+    config.spec = SpecConfig { spec_type, draft_max: 12, ngram_min: 2, ..SpecConfig::default() };
     config
 }
 
@@ -114,8 +118,12 @@ fn requests(arch: &str, tokenizer: &Arc<Tokenizer>) -> Vec<GenerateRequest> {
 
 /// Runs the requests a few at a time through a plain and a speculating engine.
 fn check(arch: &str) {
+    check_with(arch, SpecType::Ngram);
+}
+
+fn check_with(arch: &str, spec_type: SpecType) {
     let tokenizer = Arc::new(Tokenizer::from_gguf_file(fixture(arch, "model-f32.gguf")).unwrap());
-    let (mut plain, mut spec) = (engine(arch, config(false)), engine(arch, config(true)));
+    let (mut plain, mut spec) = (engine(arch, config(false)), engine(arch, config_of(spec_type)));
     // Twice: a grammar's constraint is a request's own.
     let (for_plain, for_spec) = (requests(arch, &tokenizer), requests(arch, &tokenizer));
     assert!(for_spec.len() >= 50);
@@ -137,6 +145,11 @@ fn check(arch: &str) {
         metrics.spec_accepted_tokens,
         metrics.spec_drafted_tokens
     );
+    if spec_type.mtp() {
+        assert!(metrics.spec_head_drafted_tokens > 20, "{arch}: the head drafted {}", metrics.spec_head_drafted_tokens);
+    } else {
+        assert_eq!(metrics.spec_head_drafted_tokens, 0);
+    }
     assert_no_leak(&mut spec);
 }
 
@@ -159,6 +172,11 @@ fn dense_speculation_changes_no_token() {
 #[test]
 fn hybrid_speculation_changes_no_token() {
     check("qwen35");
+}
+
+#[test]
+fn mtp_head_speculation_changes_no_token() {
+    check_with("qwen35mtp", SpecType::NgramAndMtp);
 }
 
 /// A request that opts out drafts nothing; the others on the same engine still do.

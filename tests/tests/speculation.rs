@@ -1,6 +1,7 @@
 //! Speculative decoding through the real binary (`--spec-type ngram`): drafts change the speed,
-//! never the reply. On SmolLM2 and the tiny hybrid model (Gated DeltaNet state verified
-//! read-only and applied for the accepted rows), every reply drafted by prompt lookup must equal
+//! never the reply. On SmolLM2 and the tiny hybrid model with a multi-token-prediction head
+//! (Gated DeltaNet state verified read-only and applied for the accepted rows; drafts by prompt
+//! lookup and by the head), every reply drafted by prompt lookup must equal
 //! the same request opted out (`"speculative": false`) token for token and log-probability for
 //! log-probability: alone, streamed, beside other requests, cut by a stop string. The
 //! acceptance shows in `timings` and adds up to `/metrics`; a bad per-request limit is a 400.
@@ -170,13 +171,15 @@ fn drafts_change_the_speed_never_the_reply_of_smollm2() {
     assert!(log.contains("speculative decoding: prompt lookup"), "the start-up log says it drafts");
 }
 
+/// The tiny Qwen3.5 with a multi-token-prediction head, drafting by prompt lookup where it
+/// matches and with the head elsewhere (`--spec-type ngram,draft-mtp`).
 #[test]
 fn drafts_change_the_speed_never_the_reply_of_the_hybrid_model() {
-    let model = workspace_root().join("models/tests/fixtures/tiny/qwen35/model-q8_0.gguf");
+    let model = workspace_root().join("models/tests/fixtures/tiny/qwen35mtp/model-f32.gguf");
     let template = asset("qwen35_template");
     let mut command = Command::new(binary());
     command.args(["-m", model.to_str().unwrap(), "--port", "0", "--threads", "2", "-np", "4", "-c", "4096"]);
-    command.args(["--chat-template-file", template.to_str().unwrap(), "--spec-type", "ngram"]);
+    command.args(["--chat-template-file", template.to_str().unwrap(), "--spec-type", "ngram,draft-mtp"]);
     // A byte vocabulary: 4 matching tokens are 4 bytes, rarely repeated by random weights; 2
     // bytes draft often, and mostly badly.
     command.args(["--spec-ngram-n-match", "2"]);
@@ -186,8 +189,25 @@ fn drafts_change_the_speed_never_the_reply_of_the_hybrid_model() {
     // same reply through the real server.
     let (drafted, _) = check(&server, 120);
     assert!(drafted > 0, "the hybrid model drafts");
+    let by_head = metric(&server, "radix_serve_spec_head_drafted_tokens_total");
+    assert!(by_head > 0 && by_head <= drafted, "the head drafted {by_head} of {drafted}");
     let engine = server.get("/health")["engine"].clone();
     assert_eq!(engine["state_slots_free"], engine["state_slots"], "no state slot left behind: {engine}");
+    let log = server.log().join("\n");
+    assert!(log.contains("prompt lookup, else the model's MTP head"), "the start-up log says how it drafts");
+}
+
+/// `draft-mtp` on a model without a head is refused at start-up, naming the problem.
+#[test]
+fn draft_mtp_needs_a_model_with_a_head() {
+    let model = workspace_root().join("models/tests/fixtures/tiny/qwen35/model-q8_0.gguf");
+    let output = Command::new(binary())
+        .args(["-m", model.to_str().unwrap(), "--port", "0", "--spec-type", "draft-mtp"])
+        .output()
+        .expect("radix-serve runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--spec-type draft-mtp") && stderr.contains("no multi-token-prediction head"), "{stderr}");
 }
 
 #[test]

@@ -75,4 +75,16 @@ impl Attention {
         };
         self.o.forward(&out)
     }
+
+    /// Writes the normed rows' K/V into `kv` and attends to nothing
+    /// ([`ForwardContext::write_kv`]).
+    pub(crate) fn write_kv(&self, x: &Tensor, ctx: &ForwardContext, kv: &mut LayerKv) -> Result<()> {
+        let [k, v]: [Tensor; 2] = Linear::forward_shared(&[&self.k, &self.v], x)?.try_into().expect("two projections");
+        let heads = ctx.heads();
+        let k = match &self.qk_norm {
+            Some((_, k_norm)) => k_norm.forward(&k.reshape((x.dim(0)?, heads.num_kv_heads, heads.head_dim))?)?,
+            None => k,
+        };
+        ctx.write_kv(k, v, kv)
+    }
 }

@@ -142,24 +142,8 @@ impl<'a> ForwardContext<'a> {
                 plan.rope.apply(&plan.angles, &mut q, num_heads);
                 plan.rope.apply(&plan.angles, &mut k, num_kv_heads);
                 let mut out = vec![0.0f32; n * num_heads * head_dim];
-                let (q, k, v, o) = (&q[..], &k[..], &v[..], &mut out[..]);
-                // The pairs `KvTypes::check` lets a pool have.
-                use KvSlice::*;
-                match kv.typed() {
-                    Some((F32(kc), F32(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((BF16(kc), BF16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((F16(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((F16(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((F16(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q8_0(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q8_0(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q8_0(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q4_0(kc), F16(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q4_0(kc), Q8_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some((Q4_0(kc), Q4_0(vc))) => plan.attend(num_heads, self.scale, q, k, v, kc, vc, o)?,
-                    Some(_) => return Err(ModelError::KvPool("a K/V type pair the kernels do not read".into())),
-                    None => return Err(pool_mismatch("tensors on a device", "host")),
-                }
+                let scale = self.scale;
+                on_typed_kv(kv, HostAttend { plan, num_heads, scale, q: &q, k: &k, v: &v, out: &mut out })?;
                 Ok(Tensor::from_vec(out, (n, num_heads * head_dim), &Device::Cpu)?)
             }
             Backend::Device { rope, kernel } => {
@@ -178,6 +162,78 @@ impl<'a> ForwardContext<'a> {
                 }
             }
         }
+    }
+}
+
+impl ForwardContext<'_> {
+    /// Rotates the new rows' `k` and writes it and `v` into the layer's pool, attending to
+    /// nothing: a layer whose rows only later passes read (the multi-token-prediction head's,
+    /// in the decoder's own pass). The CPU path only.
+    pub(crate) fn write_kv(&self, k: Tensor, v: Tensor, kv: &mut LayerKv) -> Result<()> {
+        let Backend::Host(plan) = &self.backend else {
+            return Err(ModelError::KvPool("the multi-token-prediction head runs on the CPU path only".into()));
+        };
+        let mut k = k.flatten_all()?.to_vec1::<f32>()?;
+        let v = v.flatten_all()?.to_vec1::<f32>()?;
+        plan.rope.apply(&plan.angles, &mut k, self.heads.num_kv_heads);
+        on_typed_kv(kv, HostWrite { plan, k: &k, v: &v })
+    }
+}
+
+/// What runs on a layer's host pages whatever pair of K and V types they hold.
+trait OnTypedKv {
+    fn run<K: KvElement, V: KvElement>(self, k_cache: &mut [K], v_cache: &mut [V]) -> Result<()>;
+}
+
+/// Runs `op` on `kv`'s host pages as the pair of types they hold: the pairs `KvTypes::check`
+/// lets a pool have.
+fn on_typed_kv(kv: &mut LayerKv, op: impl OnTypedKv) -> Result<()> {
+    use KvSlice::*;
+    match kv.typed() {
+        Some((F32(kc), F32(vc))) => op.run(kc, vc),
+        Some((BF16(kc), BF16(vc))) => op.run(kc, vc),
+        Some((F16(kc), F16(vc))) => op.run(kc, vc),
+        Some((F16(kc), Q8_0(vc))) => op.run(kc, vc),
+        Some((F16(kc), Q4_0(vc))) => op.run(kc, vc),
+        Some((Q8_0(kc), F16(vc))) => op.run(kc, vc),
+        Some((Q8_0(kc), Q8_0(vc))) => op.run(kc, vc),
+        Some((Q8_0(kc), Q4_0(vc))) => op.run(kc, vc),
+        Some((Q4_0(kc), F16(vc))) => op.run(kc, vc),
+        Some((Q4_0(kc), Q8_0(vc))) => op.run(kc, vc),
+        Some((Q4_0(kc), Q4_0(vc))) => op.run(kc, vc),
+        Some(_) => Err(ModelError::KvPool("a K/V type pair the kernels do not read".into())),
+        None => Err(pool_mismatch("tensors on a device", "host")),
+    }
+}
+
+/// Writes the new rows' K/V, then attends over each sequence's context.
+struct HostAttend<'p, 'a> {
+    plan: &'p HostPlan<'a>,
+    num_heads: usize,
+    scale: f32,
+    q: &'p [f32],
+    k: &'p [f32],
+    v: &'p [f32],
+    out: &'p mut [f32],
+}
+
+impl OnTypedKv for HostAttend<'_, '_> {
+    fn run<K: KvElement, V: KvElement>(self, k_cache: &mut [K], v_cache: &mut [V]) -> Result<()> {
+        self.plan.attend(self.num_heads, self.scale, self.q, self.k, self.v, k_cache, v_cache, self.out)
+    }
+}
+
+/// Writes the new rows' K/V only.
+struct HostWrite<'p, 'a> {
+    plan: &'p HostPlan<'a>,
+    k: &'p [f32],
+    v: &'p [f32],
+}
+
+impl OnTypedKv for HostWrite<'_, '_> {
+    fn run<K: KvElement, V: KvElement>(self, k_cache: &mut [K], v_cache: &mut [V]) -> Result<()> {
+        let plan = self.plan;
+        Ok(write_kv(&plan.layout, self.k, self.v, &plan.slots, k_cache, v_cache)?)
     }
 }
 

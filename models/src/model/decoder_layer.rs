@@ -79,6 +79,15 @@ impl DecoderLayer {
         }
     }
 
+    /// Writes the K/V that attention over the rows `x` would write, computing nothing else:
+    /// a layer whose output this pass does not need (the multi-token-prediction head's).
+    pub(crate) fn write_kv(&self, x: &Tensor, ctx: &ForwardContext, kv: &mut LayerKv) -> Result<()> {
+        match &self.mixer {
+            Mixer::Attention(attention) => attention.write_kv(&self.attn_norm.forward(x)?, ctx, kv),
+            Mixer::DeltaNet(_) => Err(ModelError::KvPool("a recurrent layer has no K/V to write".into())),
+        }
+    }
+
     /// The residual stream `[rows, hidden]` after this layer; the rows' K/V or recurrent state
     /// go into `cache`.
     pub(crate) fn forward(&self, x: &Tensor, ctx: &ForwardContext, cache: LayerCache) -> Result<Tensor> {

@@ -42,4 +42,15 @@ impl Head {
         let rows = Tensor::from_slice(rows, rows.len(), x.device())?;
         self.lm_head.forward(&self.norm.forward(&x.index_select(&rows, 0)?)?)
     }
+
+    /// The final norm of every row of `[rows, hidden]`: what the output head reads, and the
+    /// hidden rows a multi-token-prediction head pairs with the next tokens.
+    pub(crate) fn norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward(x)
+    }
+
+    /// `[rows, vocab]` f32 logits of rows already normed.
+    pub(crate) fn logits(&self, normed: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(normed)
+    }
 }

@@ -90,6 +90,11 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
             "Speculative decoding: drafted tokens the model accepted.",
             m.spec_accepted_tokens,
         ),
+        (
+            "radix_serve_spec_head_drafted_tokens_total",
+            "Speculative decoding: tokens of those drafted by the model's multi-token-prediction head.",
+            m.spec_head_drafted_tokens,
+        ),
         ("radix_serve_cache_evicted_pages_total", "KV pages evicted from the prefix cache.", m.evicted_pages),
         ("radix_serve_cache_evicted_tokens_total", "Tokens of the KV pages evicted.", m.evicted_tokens),
         ("radix_serve_cache_evicted_snapshots_total", "Recurrent-state snapshots evicted.", m.evicted_snapshots),

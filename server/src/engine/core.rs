@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use radix_models::tokenizer::Tokenizer;
-use radix_models::{ForwardBatch, KvPool, Model, StatePool};
+use radix_models::{ForwardBatch, KvPool, Model, MtpDraftRequest, StatePool};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{Placement, RequestCache, SnapshotSpacing};
@@ -124,9 +124,12 @@ impl EngineCore {
             .then(|| model.new_state_pool(slots + snapshot_slots).expect("a hybrid model's config makes a state pool"));
         let state = state.map(|pool| (pool, slot_bytes));
         let cache = RequestCache::new(pool, state, slots, config.prefix_cache, config.snapshot_spacing());
-        let spec = match model.verifies_drafts() {
-            true => config.spec,
-            false => SpecConfig { spec_type: SpecType::None, ..config.spec },
+        let spec = match (model.verifies_drafts(), model.has_mtp_head()) {
+            (true, true) => config.spec,
+            (true, false) => {
+                SpecConfig { spec_type: SpecType::of(config.spec.spec_type.ngram(), false), ..config.spec }
+            }
+            (false, _) => SpecConfig { spec_type: SpecType::None, ..config.spec },
         };
         EngineCore {
             spec,
@@ -273,9 +276,51 @@ impl EngineCore {
         for seq in self.scheduler.grow_decode_pages(&mut self.cache) {
             self.finish(seq, Ending::Finished(FinishReason::Length));
         }
-        self.scheduler.draft(&mut self.cache, self.postprocess.max_context());
+        let by_head = self.scheduler.draft(&mut self.cache, self.postprocess.max_context());
+        if !by_head.is_empty() {
+            self.draft_with_head(&by_head);
+        }
         let (batch, members) = self.scheduler.build_batch();
         (!batch.tokens.is_empty()).then_some((batch, members))
+    }
+
+    /// Drafts with the model's multi-token-prediction head for the running sequences that
+    /// asked (each index with the tokens its reserved pages hold), then gives back the pages of
+    /// tokens not drafted. A head that fails drafts nothing this step: drafts change the speed,
+    /// never the reply.
+    fn draft_with_head(&mut self, wanted: &[(usize, usize)]) {
+        let running = self.scheduler.running();
+        let requests: Vec<MtpDraftRequest> = wanted
+            .iter()
+            .map(|&(index, held)| {
+                let (seq, lease) = (&running[index], running[index].lease());
+                MtpDraftRequest {
+                    token: seq.tokens()[lease.computed()],
+                    position: lease.computed(),
+                    page_table: lease.pages(),
+                    state_slot: lease.state_slot().unwrap_or(u32::MAX),
+                    max_tokens: held,
+                }
+            })
+            .collect();
+        let (pool, state) = self.cache.pools();
+        let drafts = match state {
+            Some(state) => self.model.draft_mtp(pool, state, &requests, self.spec.p_min),
+            None => Err(radix_models::ModelError::Config("the head drafts for hybrid models only".into())),
+        };
+        let drafts = drafts.unwrap_or_else(|e| {
+            eprintln!("radix-serve: the multi-token-prediction head drafted nothing: {e}");
+            vec![Vec::new(); wanted.len()]
+        });
+        for (&(index, held), draft) in wanted.iter().zip(drafts) {
+            let seq = &mut self.scheduler.running_mut()[index];
+            seq.take_mtp_draft(draft);
+            let kept = seq.draft().len();
+            self.metrics.observe_head_draft(kept);
+            if kept < held {
+                self.cache.release_draft(seq, kept);
+            }
+        }
     }
 
     /// Admits what fits and tells each admitted client how much of its prompt was cached.

@@ -11,6 +11,12 @@
 //! it doubles after a round that accepted every drafted token and shrinks to what was accepted
 //! after one that did not; after rounds that accepted nothing, drafting pauses for a number of
 //! steps that doubles each time, so text that merely looks repetitive costs little.
+//!
+//! With `--spec-type draft-mtp` a step that prompt lookup drafts nothing for (or every step,
+//! without `ngram`) asks the model's multi-token-prediction head instead: the drafter says how
+//! many tokens it wants ([`Drafter::mtp_wanted`], the same length rules, at most `mtp_max`), the
+//! engine runs the head over the sequences that asked (`EngineCore::draft_with_head`,
+//! `Model::draft_mtp`) and hands each its draft back.
 
 use std::collections::HashMap;
 
@@ -22,10 +28,36 @@ pub enum SpecType {
     None,
     /// Prompt lookup: the continuation of the longest earlier match of the sequence's end.
     Ngram,
+    /// The model's multi-token-prediction head (`Model::draft_mtp`).
+    Mtp,
+    /// Prompt lookup where it finds a match, the multi-token-prediction head where not.
+    NgramAndMtp,
+}
+
+impl SpecType {
+    /// The type drafting by prompt lookup (`ngram`), by the head (`mtp`), both, or none.
+    pub fn of(ngram: bool, mtp: bool) -> Self {
+        match (ngram, mtp) {
+            (false, false) => SpecType::None,
+            (true, false) => SpecType::Ngram,
+            (false, true) => SpecType::Mtp,
+            (true, true) => SpecType::NgramAndMtp,
+        }
+    }
+
+    /// Whether it drafts by prompt lookup.
+    pub fn ngram(self) -> bool {
+        matches!(self, SpecType::Ngram | SpecType::NgramAndMtp)
+    }
+
+    /// Whether it drafts with the multi-token-prediction head.
+    pub fn mtp(self) -> bool {
+        matches!(self, SpecType::Mtp | SpecType::NgramAndMtp)
+    }
 }
 
 /// Speculative decoding's settings (the `--spec-*` flags).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecConfig {
     /// Where drafts come from.
     pub spec_type: SpecType,
@@ -38,11 +70,25 @@ pub struct SpecConfig {
     /// Longest match looked for: a longer match is not a better one. Long enough to tell apart
     /// the places of a file that differ only a line back (similar functions, repeated blocks).
     pub ngram_max: usize,
+    /// Most tokens the multi-token-prediction head drafts in one round (`--spec-mtp-n-max`):
+    /// each is a step of the head and the output matrix, and its guesses fade after a few.
+    pub mtp_max: usize,
+    /// The head's drafts stop before the first token it gives less than this probability
+    /// (`--spec-draft-p-min`, llama-server's greedy threshold).
+    pub p_min: f32,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig { spec_type: SpecType::None, draft_max: 64, draft_min: 1, ngram_min: 4, ngram_max: 128 }
+        SpecConfig {
+            spec_type: SpecType::None,
+            draft_max: 64,
+            draft_min: 1,
+            ngram_min: 4,
+            ngram_max: 128,
+            mtp_max: 3,
+            p_min: 0.0,
+        }
     }
 }
 
@@ -70,6 +116,8 @@ pub(crate) struct Drafter {
     indexed: usize,
     /// The draft being verified this step.
     draft: Vec<u32>,
+    /// Tokens to ask the multi-token-prediction head for this step (0: none).
+    mtp_wanted: usize,
     /// Tokens to draft next time.
     next_len: usize,
     /// Steps to skip drafting, and the pause after the next fruitless round.
@@ -88,6 +136,7 @@ impl Drafter {
             windows: HashMap::new(),
             indexed: 0,
             draft: Vec::new(),
+            mtp_wanted: 0,
             next_len: FIRST_DRAFT.clamp(config.draft_min.max(1), config.draft_max.max(1)),
             pause: 0,
             next_pause: 1,
@@ -109,9 +158,15 @@ impl Drafter {
     /// Drafts at most `limit` tokens to follow `tokens` (the sequence so far); the draft is
     /// empty when nothing earlier matches, drafting pauses, or the draft would be shorter than
     /// `draft_min`.
+    /// With the multi-token-prediction head on, a step that prompt lookup drafts nothing for
+    /// asks the head instead ([`mtp_wanted`](Self::mtp_wanted)).
     pub(crate) fn propose(&mut self, tokens: &[u32], limit: usize) -> &[u32] {
         self.draft.clear();
-        self.index(tokens);
+        self.mtp_wanted = 0;
+        let ngram = self.config.spec_type.ngram();
+        if ngram {
+            self.index(tokens);
+        }
         if self.pause > 0 {
             self.pause -= 1;
             return &self.draft;
@@ -120,7 +175,11 @@ impl Drafter {
         if limit < self.config.draft_min.max(1) {
             return &self.draft;
         }
-        if let Some((start, matched)) = self.longest_match(tokens) {
+        let found = if ngram { self.longest_match(tokens) } else { None };
+        if found.is_none() && self.config.spec_type.mtp() {
+            self.mtp_wanted = limit.min(self.config.mtp_max);
+        }
+        if let Some((start, matched)) = found {
             // A short match is weak evidence of copying (prose repeats 4-token phrases all the
             // time): its draft is at most twice as long, so a wrong one costs little.
             // Copied as LZ77 copies, overlapping: where the continuation runs into the end of
@@ -132,6 +191,17 @@ impl Drafter {
             }
         }
         &self.draft
+    }
+
+    /// Tokens the multi-token-prediction head should draft this step (0: none).
+    pub(crate) fn mtp_wanted(&self) -> usize {
+        self.mtp_wanted
+    }
+
+    /// Takes the head's draft for this step (shorter than `draft_min`: none).
+    pub(crate) fn take_mtp_draft(&mut self, draft: Vec<u32>) {
+        self.mtp_wanted = 0;
+        self.draft = if draft.len() >= self.config.draft_min.max(1) { draft } else { Vec::new() };
     }
 
     /// Keeps only the first `len` tokens of the current draft.

@@ -72,6 +72,8 @@ pub struct EngineMetrics {
     pub spec_drafted_tokens: u64,
     /// Of which the model accepted.
     pub spec_accepted_tokens: u64,
+    /// Tokens the multi-token-prediction head drafted (`--spec-type draft-mtp`), of those.
+    pub spec_head_drafted_tokens: u64,
 }
 
 /// The disk tier's totals since start-up.
@@ -141,6 +143,7 @@ impl Default for EngineMetrics {
             spec_rounds: 0,
             spec_drafted_tokens: 0,
             spec_accepted_tokens: 0,
+            spec_head_drafted_tokens: 0,
         }
     }
 }
@@ -151,6 +154,11 @@ impl EngineMetrics {
         self.spec_rounds += 1;
         self.spec_drafted_tokens += drafted as u64;
         self.spec_accepted_tokens += accepted as u64;
+    }
+
+    /// Counts tokens the multi-token-prediction head drafted for a verify pass.
+    pub(crate) fn observe_head_draft(&mut self, drafted: usize) {
+        self.spec_head_drafted_tokens += drafted as u64;
     }
 
     /// Counts an admitted request: its prompt, how much of it the cache held, how long it waited.

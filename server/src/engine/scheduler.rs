@@ -154,19 +154,28 @@ impl Scheduler {
 
     /// Drafts tokens for the decoding sequences that speculate, within what the batch's token
     /// budget leaves beside one token per decoding sequence, their `max_tokens`, the context
-    /// (`max_context`) and the pages the pool can give for them.
-    pub(crate) fn draft(&mut self, cache: &mut RequestCache, max_context: usize) {
+    /// (`max_context`) and the pages the pool can give for them. Returns the running indices
+    /// of those whose multi-token-prediction head should draft, with how many tokens it may
+    /// (their pages are reserved).
+    pub(crate) fn draft(&mut self, cache: &mut RequestCache, max_context: usize) -> Vec<(usize, usize)> {
         let decoding = self.running.iter().filter(|s| s.decoding()).count();
         let mut budget = self.batch_tokens.saturating_sub(decoding);
-        for seq in self.running.iter_mut().filter(|s| s.decoding()) {
+        let mut by_head = Vec::new();
+        for (index, seq) in self.running.iter_mut().enumerate().filter(|(_, s)| s.decoding()) {
             let limit = budget.min(seq.draft_room(max_context));
             let drafted = seq.propose_draft(limit);
-            if drafted > 0 {
-                let held = cache.reserve_draft(seq, drafted);
-                seq.cut_draft(held);
+            let wanted = drafted.max(seq.mtp_wanted());
+            if wanted > 0 {
+                let held = cache.reserve_draft(seq, wanted);
+                match drafted {
+                    0 if held > 0 => by_head.push((index, held)),
+                    0 => {}
+                    _ => seq.cut_draft(held),
+                }
                 budget -= held;
             }
         }
+        by_head
     }
 
     /// Decode tokens first (one per sequence, with its draft to verify), then prefill chunks

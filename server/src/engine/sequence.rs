@@ -264,6 +264,18 @@ impl Sequence {
         }
     }
 
+    /// Tokens its multi-token-prediction head should draft this step instead (0: none).
+    pub(crate) fn mtp_wanted(&self) -> usize {
+        self.drafter.as_ref().map_or(0, Drafter::mtp_wanted)
+    }
+
+    /// Takes the multi-token-prediction head's draft for this step.
+    pub(crate) fn take_mtp_draft(&mut self, draft: Vec<u32>) {
+        if let Some(drafter) = self.drafter.as_mut() {
+            drafter.take_mtp_draft(draft);
+        }
+    }
+
     /// The tokens drafted for this step (empty: a plain decode step).
     pub(crate) fn draft(&self) -> &[u32] {
         self.drafter.as_ref().map_or(&[], Drafter::draft)

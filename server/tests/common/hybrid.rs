@@ -1,4 +1,4 @@
-//! The tiny hybrid models (`models/tests/fixtures/tiny/{qwen35,qwen35moe}`) and what the model
+//! The tiny hybrid models (`models/tests/fixtures/tiny/{qwen35,qwen35moe,qwen35mtp}`) and what the model
 //! alone answers, for the engine tests of hybrid models.
 
 use std::path::{Path, PathBuf};
@@ -13,9 +13,10 @@ pub fn fixture(arch: &str, file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny").join(arch).join(file)
 }
 
-/// The tiny model of `arch` from its F32 GGUF, on one thread.
+/// The tiny model of `arch` from its F32 GGUF, on one thread (`qwen35mtp`: with its
+/// multi-token-prediction head running).
 pub fn model(arch: &str) -> Model {
-    let options = LoadOptions { threads: 1, dequantize_weights: false, ..Default::default() };
+    let options = LoadOptions { threads: 1, dequantize_weights: false, mtp: arch == "qwen35mtp", ..Default::default() };
     Model::load(&fixture(arch, "model-f32.gguf"), &options).unwrap()
 }
 

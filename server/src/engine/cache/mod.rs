@@ -158,6 +158,13 @@ impl RequestCache {
         self.prefix.reserve(lease, view.tokens.len() + drafted).saturating_sub(view.tokens.len())
     }
 
+    /// Gives back the pages [`reserve_draft`](Self::reserve_draft) held past `seq`'s tokens
+    /// and the first `drafted` of its draft (the multi-token-prediction head drafted fewer).
+    pub(crate) fn release_draft(&mut self, seq: &mut Sequence, drafted: usize) {
+        let (view, lease) = seq.cache_parts();
+        self.prefix.trim(lease, view.tokens.len() + drafted);
+    }
+
     /// After a pass verified drafted tokens for `seq` and the postprocess took what it
     /// accepted: its K/V and state are those of its first `end` tokens. A hybrid model's state,
     /// which the verify pass only read, is advanced over the accepted rows by `model`, with the
