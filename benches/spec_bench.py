@@ -196,8 +196,8 @@ def main():
     isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
     best = lambda key: max(results[key], key=lambda r: r["decode_tps"])  # noqa: E731
     print(f"\nDecode tok/s, best of {ROUNDS} rounds, {THREADS} threads, {isa}, greedy, {os.path.basename(MODEL)}\n")
-    print("| workload | tokens | ours plain | ours spec | spec / plain | accepted | llama plain | llama ngram-mod "
-          "| accepted | ours spec / llama spec |")
+    print(f"| workload | tokens | ours plain | ours {SPEC_TYPE} | spec / plain | accepted | llama plain "
+          f"| llama {LLAMA_SPEC_TYPE} | accepted | ours spec / llama spec |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in loads:
         op, os_ = best(("ours", "plain", name)), best(("ours", "spec", name))

@@ -4,7 +4,7 @@
 //! ```text
 //! model-bench --model FILE.gguf [--threads 2] [--pp 512,2048] [--tg-ctx 512,2048]
 //!             [--tg-tokens 32] [--ubatch 512] [--reps 3] [--kv-budget-mib 256] [--kv-dtype f16]
-//!             [--pp-depth 8192,32768] [--touch-kv] [--attention] [--verify 4,16] [--json]
+//!             [--pp-depth 8192,32768] [--touch-kv] [--attention] [--verify 4,16] [--mtp] [--json]
 //! ```
 //!
 //! - `pp N`: N prompt tokens into an empty context in forwards of at most `--ubatch` tokens
@@ -41,7 +41,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use radix_kernels::half::f16;
 use radix_kernels::{PagedLayout, SequenceAttention, paged_attention, write_kv};
-use radix_models::{ForwardBatch, KvDType, KvPool, KvTypes, LoadOptions, Model, StatePool};
+use radix_models::{ForwardBatch, KvDType, KvPool, KvTypes, LoadOptions, Model, MtpDraftRequest, StatePool};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -89,6 +89,11 @@ struct Args {
     /// Also time the attention kernel alone with the same shapes.
     #[arg(long)]
     attention: bool,
+    /// Load the file's multi-token-prediction head (Qwen3.5/3.6 `nextn` layers): every forward
+    /// then also writes its K/V, and a `--verify` round's drafts are the head's (their drafting
+    /// timed with the round).
+    #[arg(long)]
+    mtp: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -147,14 +152,27 @@ fn reject_all(
     accepted_end: usize,
 ) -> Result<f64> {
     let context_len = accepted_end - 1 + span.len();
+    let t = Instant::now();
+    let mut span = span.to_vec();
+    if let Some(state) = state.as_ref().filter(|_| model.has_mtp_head()) {
+        let request = MtpDraftRequest {
+            token: span[0],
+            position: accepted_end - 1,
+            page_table: &pages[..context_len.div_ceil(pool.page_size())],
+            state_slot: 0,
+            max_tokens: span.len() - 1,
+        };
+        let drafts = model.draft_mtp(pool, state, &[request], 0.0)?.remove(0);
+        anyhow::ensure!(drafts.len() == span.len() - 1, "the head drafted {} tokens", drafts.len());
+        span[1..].copy_from_slice(&drafts);
+    }
     let mut batch = ForwardBatch::default();
     batch.push_verify(
-        span,
+        &span,
         context_len,
         pages[..context_len.div_ceil(pool.page_size())].to_vec(),
         state.as_ref().map(|_| 0),
     );
-    let t = Instant::now();
     let out = model.forward_with_state(&batch, pool, state.as_mut())?;
     anyhow::ensure!(out.dims()[0] == span.len(), "expected a row of logits per verified token, got {:?}", out.dims());
     if let Some(state) = state.as_mut() {
@@ -238,7 +256,7 @@ fn main() -> Result<()> {
     let t = Instant::now();
     let model = Model::from_gguf(
         &a.model,
-        &LoadOptions { threads: a.threads, dequantize_weights: false, ..Default::default() },
+        &LoadOptions { threads: a.threads, dequantize_weights: false, mtp: a.mtp, ..Default::default() },
     )
     .with_context(|| format!("loading {}", a.model.display()))?;
     let load_s = t.elapsed().as_secs_f64();
