@@ -333,11 +333,11 @@ impl Model {
             )));
         }
         batch.validate(layout.page_size, layout.num_pages, self.config.vocab_size)?;
-        if let Some(hybrid) = &self.config.hybrid {
+        if self.config.hybrid.is_some() {
             let pool = state.as_deref().ok_or_else(|| {
                 ModelError::KvPool("a hybrid model's forward pass needs a state pool (Model::new_state_pool)".into())
             })?;
-            if !pool.fits(hybrid) || !pool.carries(self.mtp.as_ref().map(|_| self.config.hidden_size)) {
+            if !pool.fits(&self.config) {
                 return Err(ModelError::KvPool("the state pool was made for another model".into()));
             }
             if let Some((i, s)) = batch

@@ -168,7 +168,7 @@ impl StatePool {
                 })
             })
             .collect::<Result<_>>()?;
-        let hidden = if config.mtp_head { config.hidden_size } else { 0 };
+        let hidden = carried_width(config);
         let carried = CarriedHidden { rows: vec![0.0; num_slots * hidden], verified: HashMap::new() };
         Ok(StatePool { conv_len, ssm_len, num_slots, layers, hidden, carried })
     }
@@ -193,8 +193,8 @@ impl StatePool {
     /// Bytes of one sequence's state across all recurrent layers.
     pub fn slot_bytes(config: &ModelConfig) -> Result<usize> {
         let h = hybrid_of(config)?;
-        let carried = if config.mtp_head { config.hidden_size } else { 0 };
-        Ok((h.num_recurrent_layers() * (h.conv_state_len() + h.ssm_state_len()) + carried) * std::mem::size_of::<f32>())
+        let values = h.num_recurrent_layers() * (h.conv_state_len() + h.ssm_state_len()) + carried_width(config);
+        Ok(values * std::mem::size_of::<f32>())
     }
 
     /// Slots in the pool.
@@ -215,8 +215,8 @@ impl StatePool {
             layer.conv.copy_within(from * self.conv_len, to * self.conv_len, self.conv_len)?;
             layer.ssm.copy_within(from * self.ssm_len, to * self.ssm_len, self.ssm_len)?;
         }
-        let h = self.hidden;
-        self.carried.rows.copy_within(from * h..(from + 1) * h, to * h);
+        let (row, to) = (self.carried_range(from as u32), to * self.hidden);
+        self.carried.rows.copy_within(row, to);
         Ok(())
     }
 
@@ -229,7 +229,8 @@ impl StatePool {
             layer.conv.clear(slot * self.conv_len, self.conv_len)?;
             layer.ssm.clear(slot * self.ssm_len, self.ssm_len)?;
         }
-        self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden].fill(0.0);
+        let range = self.carried_range(slot as u32);
+        self.carried.rows[range].fill(0.0);
         Ok(())
     }
 
@@ -255,14 +256,18 @@ impl StatePool {
     /// The hidden row slot `slot` carries for the multi-token-prediction head (empty without
     /// one); the caller has checked the slot.
     pub(crate) fn carried_row(&self, slot: u32) -> &[f32] {
-        let slot = slot as usize;
-        &self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden]
+        &self.carried.rows[self.carried_range(slot)]
+    }
+
+    /// Where slot `slot`'s carried row lies in `carried.rows`.
+    fn carried_range(&self, slot: u32) -> std::ops::Range<usize> {
+        slot as usize * self.hidden..(slot as usize + 1) * self.hidden
     }
 
     /// Sets the hidden row slot `slot` carries.
     pub(crate) fn carry(&mut self, slot: u32, row: &[f32]) {
-        let slot = slot as usize;
-        self.carried.rows[slot * self.hidden..(slot + 1) * self.hidden].copy_from_slice(row);
+        let range = self.carried_range(slot);
+        self.carried.rows[range].copy_from_slice(row);
     }
 
     /// Keeps a verified span's hidden rows (`[rows, hidden]`) beside slot `slot`: the one of
@@ -299,11 +304,6 @@ impl StatePool {
         Ok(())
     }
 
-    /// Whether slots carry a hidden row for a multi-token-prediction head of width `hidden`.
-    pub(crate) fn carries(&self, hidden: Option<usize>) -> bool {
-        self.hidden == hidden.unwrap_or(0)
-    }
-
     /// Sets slot `slot`'s state from `values`, in [`read_slot`](Self::read_slot)'s order (a
     /// snapshot read back from disk).
     pub fn write_slot(&mut self, slot: u32, values: &[f32]) -> Result<()> {
@@ -337,11 +337,14 @@ impl StatePool {
         self.carried.verified.remove(&slot);
     }
 
-    /// Whether the pool was made for this many recurrent layers of these sizes.
-    pub(crate) fn fits(&self, hybrid: &HybridConfig) -> bool {
-        self.layers.len() == hybrid.num_recurrent_layers()
-            && self.conv_len == hybrid.conv_state_len()
-            && self.ssm_len == hybrid.ssm_state_len()
+    /// Whether the pool was made for `config`'s recurrent layers (this many, of these sizes)
+    /// and its multi-token-prediction head, running or not.
+    pub(crate) fn fits(&self, config: &ModelConfig) -> bool {
+        config.hybrid.as_ref().is_some_and(|hybrid| {
+            self.layers.len() == hybrid.num_recurrent_layers()
+                && self.conv_len == hybrid.conv_state_len()
+                && self.ssm_len == hybrid.ssm_state_len()
+        }) && self.hidden == carried_width(config)
     }
 
     fn check(&self, slot: u32) -> Result<()> {
@@ -351,6 +354,12 @@ impl StatePool {
             Err(ModelError::KvPool(format!("state slot {slot} is outside the pool's {} slots", self.num_slots)))
         }
     }
+}
+
+/// Values of the hidden row a slot carries for `config`'s multi-token-prediction head (0
+/// without one running).
+fn carried_width(config: &ModelConfig) -> usize {
+    if config.mtp_head { config.hidden_size } else { 0 }
 }
 
 fn hybrid_of(config: &ModelConfig) -> Result<&HybridConfig> {
