@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const SOURCES: [&str; 3] = ["paged_attention", "delta_net", "moe"];
+/// Headers the sources include.
+const HEADERS: [&str; 1] = ["kv_formats.cuh"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -25,6 +27,9 @@ fn main() {
         .filter(|p| p.exists())
         .unwrap_or_else(|| PathBuf::from("nvcc"));
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for header in HEADERS {
+        println!("cargo:rerun-if-changed={}", PathBuf::from("cuda").join(header).display());
+    }
     for name in SOURCES {
         let src = PathBuf::from("cuda").join(format!("{name}.cu"));
         println!("cargo:rerun-if-changed={}", src.display());

@@ -3,13 +3,14 @@
 # benches/gpu/prepare.sh packed carried along (that machine has no network). Two calls of the
 # device tool, back to back while the machine is warm (/tmp/radix survives between them):
 #
-#   run: benches/gpu/check.sh kernels   carry [.gpu]        timeout_s 480   (~5 min)
+#   run: benches/gpu/check.sh kernels   carry [.gpu]        timeout_s 480   (~6 min)
 #     unpack; CUDA kernels vs their CPU models (attention, Gated DeltaNet, MoE routing and
 #     dispatch); the tiny dense/hybrid/MoE models on CUDA vs transformers and the CPU path; the
 #     state pool in GPU memory vs the CPU path; the Qwen3.5-0.8B shape (checkpoint written there)
 #     greedy on CUDA vs CPU; device-bench (Qwen3-0.6B/8B, Qwen3.5-0.8B, Qwen3-30B-A3B shapes,
-#     bf16 and Q4_K, batch 1/8/32, context 2k/8k, decode vs the bandwidth floor; 30B-A3B with its
-#     experts on the CPU too, as --cpu-moe)
+#     bf16 and Q4_K, batch 1/8/32, context 2k/8k, decode vs the bandwidth floor; the 8B shape
+#     over f16, q8_0 and q4_0 K/V at 8k and 32k; 30B-A3B with its experts on the CPU too, as
+#     --cpu-moe)
 #   run: benches/gpu/check.sh model     carry [.gpu-model]  timeout_s 300   (~3 min)
 #     SmolLM2 (its two parts joined): CUDA vs CPU path (greedy 32 tokens on 4 prompts, logits,
 #     mixed batch over cached prefixes); the cache-bench agent replay against radix-serve
@@ -111,6 +112,11 @@ if not (d / "model.safetensors").exists():
   step 240 "device-bench: dense and hybrid shapes" "$bin/device-bench" --device cuda:0 \
     --shapes qwen3-8b,qwen3-0.6b,qwen3.5-0.8b --decode-steps 6 --max-prefill-pairs 67108864 \
     --json "$OUT/device-bench.json"
+  # Issue 34: our kernels over q8_0/q4_0 pages against f16 at depth; the 8B shape's KV at 32k x 8
+  # is 38 GB in f16.
+  step 120 "device-bench: Qwen3-8B shape, Q4_K, K/V f16 vs q8_0 vs q4_0 at 8k and 32k" "$bin/device-bench" \
+    --device cuda:0 --shapes qwen3-8b --formats q4k --kv f16,q8_0,q4_0 --batches 1,8 --contexts 8192,32768 \
+    --decode-steps 6 --max-prefill-pairs 67108864 --json "$OUT/device-bench-kv.json"
   step 150 "device-bench: Qwen3-30B-A3B shape, Q4_K, experts on the GPU" "$bin/device-bench" --device cuda:0 \
     --shapes qwen3-30b-a3b --formats q4k --decode-steps 6 --max-prefill-pairs 16777216 \
     --json "$OUT/device-bench-moe.json"

@@ -1,9 +1,9 @@
 // Paged attention over radix-serve's KV pool, on NVIDIA GPUs.
 //
 // The pool layout is the CPU one (kernels/src/layout.rs): one layer's K (or V) is a row-major
-// [num_pages, page_size, num_kv_heads, head_dim] array; a sequence reaches its positions through
-// its page table. Queries, new K/V rows and outputs are f32 ([rows, heads, head_dim]); the pool
-// holds f32, f16 or bf16.
+// [num_pages, page_size, num_kv_heads, head_dim] array of values (f32, f16 or bf16), or of GGUF
+// q8_0 / q4_0 blocks of 32 values (kv_formats.cuh); a sequence reaches its positions through
+// its page table. Queries, new K/V rows and outputs are f32 ([rows, heads, head_dim]).
 //
 // Work split (DESIGN.md §3): a block owns one KV head and one *tile* of query rows of one
 // sequence (up to ROWS rows = tokens x the query heads sharing that KV head, so GQA reads each
@@ -12,29 +12,19 @@
 // tiles to fill the GPU (decode), the key range is split over several blocks and a second kernel
 // merges their partial results (flash-decoding).
 //
+// The block formats hold each head rotated into the Hadamard basis: attention runs in that basis
+// (the queries rotated first by radix_hadamard_heads for a rotated K, the output rotated back
+// after for a rotated V), as the CPU path does.
+//
 // Softmax runs in base 2: queries are pre-multiplied by scale * log2(e).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "kv_formats.cuh"
 
 #define WARPS 4
 #define ROWS_PER_WARP 4
 #define ROWS (WARPS * ROWS_PER_WARP)
 #define KEYS 32
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-// Round to nearest even, as the CPU path (the `half` crate) does.
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
 
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -56,39 +46,58 @@ __device__ void write_kv(const float* rows, const uint32_t* slots, T* cache, uin
     for (uint32_t i = threadIdx.x; i < slot_len; i += blockDim.x) cache[dst + i] = from_f32<T>(rows[src + i]);
 }
 
-// Loads KEYS positions of K and V (one KV head) into shared memory as f32, 16 bytes per load.
-// Positions at or past `key_end` read as zero (their scores are masked anyway).
-template <typename T, int D>
-__device__ __forceinline__ void load_kv_tile(const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                                             const uint32_t* __restrict__ page_table, uint32_t page_size,
-                                             uint32_t num_kv_heads, uint32_t kv_head, uint32_t key_start,
-                                             uint32_t key_end, float* k_s, float* v_s) {
-    constexpr int VEC = 16 / sizeof(T);
-    constexpr int CHUNKS = D / VEC;
+// One block per row: the row (slot_len floats of shared memory) rotated head by head in Hadamard
+// blocks of `block`, then quantized 32 values at a time into the row's slot.
+template <typename B>
+__device__ void write_kv_blocks(const float* rows, const uint32_t* slots, uint8_t* cache, uint32_t n_rows,
+                                uint32_t slot_len, uint32_t block, float norm) {
+    extern __shared__ float x[];
+    const uint32_t row = blockIdx.x;
+    if (row >= n_rows) return;
+    for (uint32_t i = threadIdx.x; i < slot_len; i += blockDim.x) x[i] = rows[(size_t)row * slot_len + i];
+    hadamard_shared(x, slot_len, block, norm);
+    const uint32_t blocks = slot_len / KV_BLOCK;
+    for (uint32_t b = threadIdx.x; b < blocks; b += blockDim.x)
+        KvFormat<B>::store(x + b * KV_BLOCK, cache + ((size_t)slots[row] * blocks + b) * KvFormat<B>::BYTES);
+}
+
+// Rotates each head of `src` (rows of head_dim floats, one block per head) into `dst`, which
+// may be `src`: the queries into the basis a rotated K is stored in, or the output back from a
+// rotated V's.
+__device__ void hadamard_heads(const float* src, float* dst, uint32_t head_dim, uint32_t block, float norm) {
+    extern __shared__ float x[];
+    const size_t base = (size_t)blockIdx.x * head_dim;
+    for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x) x[i] = src[base + i];
+    hadamard_shared(x, head_dim, block, norm);
+    for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst[base + i] = x[i];
+}
+
+// Loads KEYS positions of one KV head of K (or V) into shared memory as f32, rows `STRIDE`
+// floats apart, one CHUNK of a head per thread step. Positions at or past `key_end` read as
+// zero (their scores are masked anyway).
+template <typename T, int D, int STRIDE>
+__device__ __forceinline__ void load_tile(const typename KvFormat<T>::Unit* __restrict__ cache,
+                                          const uint32_t* __restrict__ page_table, uint32_t page_size,
+                                          uint32_t num_kv_heads, uint32_t kv_head, uint32_t key_start,
+                                          uint32_t key_end, float* dst) {
+    constexpr int CHUNK = KvFormat<T>::CHUNK;
+    constexpr int CHUNKS = D / CHUNK;
+    static_assert(D % CHUNK == 0, "a head is whole chunks");
     for (int c = threadIdx.x; c < KEYS * CHUNKS; c += blockDim.x) {
         const int j = c / CHUNKS;
-        const int d0 = (c % CHUNKS) * VEC;
+        const int d0 = (c % CHUNKS) * CHUNK;
         const uint32_t pos = key_start + j;
+        float v[CHUNK];
         if (pos < key_end) {
             const uint32_t page = page_table[pos / page_size];
             const size_t slot = (size_t)page * page_size + pos % page_size;
-            const size_t off = (slot * num_kv_heads + kv_head) * D + d0;
-            const uint4 k_raw = *reinterpret_cast<const uint4*>(k_cache + off);
-            const uint4 v_raw = *reinterpret_cast<const uint4*>(v_cache + off);
-            const T* kv = reinterpret_cast<const T*>(&k_raw);
-            const T* vv = reinterpret_cast<const T*>(&v_raw);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                k_s[j * (D + 1) + d0 + e] = to_f32(kv[e]);
-                v_s[j * D + d0 + e] = to_f32(vv[e]);
-            }
+            KvFormat<T>::load(cache, (slot * num_kv_heads + kv_head) * D + d0, v);
         } else {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                k_s[j * (D + 1) + d0 + e] = 0.0f;
-                v_s[j * D + d0 + e] = 0.0f;
-            }
+            for (int e = 0; e < CHUNK; ++e) v[e] = 0.0f;
         }
+#pragma unroll
+        for (int e = 0; e < CHUNK; ++e) dst[j * STRIDE + d0 + e] = v[e];
     }
 }
 
@@ -96,9 +105,9 @@ __device__ __forceinline__ void load_kv_tile(const T* __restrict__ k_cache, cons
 // tiles: 3 words per tile (sequence, first new token of the tile, tokens in the tile).
 // With num_splits == 1 the normalized result goes to `out`; otherwise each block writes its
 // unnormalized accumulator and (max, sum) to part_acc / part_ml for attention_combine.
-template <typename T, int D>
-__device__ void attention(const float* __restrict__ q, const T* __restrict__ k_cache,
-                          const T* __restrict__ v_cache, const uint32_t* __restrict__ seqs,
+template <typename KT, typename VT, int D>
+__device__ void attention(const float* __restrict__ q, const typename KvFormat<KT>::Unit* __restrict__ k_cache,
+                          const typename KvFormat<VT>::Unit* __restrict__ v_cache, const uint32_t* __restrict__ seqs,
                           const uint32_t* __restrict__ page_tables, const uint32_t* __restrict__ tiles,
                           float* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                           uint32_t num_heads, uint32_t num_kv_heads, uint32_t page_size, uint32_t partition,
@@ -153,8 +162,8 @@ __device__ void attention(const float* __restrict__ q, const T* __restrict__ k_c
     __syncthreads();
 
     for (uint32_t key_start = key_begin; key_start < key_end; key_start += KEYS) {
-        load_kv_tile<T, D>(k_cache, v_cache, page_table, page_size, num_kv_heads, kv_head, key_start, key_end,
-                           k_s, v_s);
+        load_tile<KT, D, D + 1>(k_cache, page_table, page_size, num_kv_heads, kv_head, key_start, key_end, k_s);
+        load_tile<VT, D, D>(v_cache, page_table, page_size, num_kv_heads, kv_head, key_start, key_end, v_s);
         __syncthreads();
 
         // Lane j scores key key_start + j against the warp's rows.
@@ -257,23 +266,51 @@ WRITE_KV(radix_write_kv_f32, float)
 WRITE_KV(radix_write_kv_f16, __half)
 WRITE_KV(radix_write_kv_bf16, __nv_bfloat16)
 
-#define ATTENTION(NAME, T, D)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
-        NAME(const float* q, const T* k_cache, const T* v_cache, const uint32_t* seqs, const uint32_t* page_tables, \
-             const uint32_t* tiles, float* out, float* part_acc, float* part_ml, uint32_t num_heads,              \
-             uint32_t num_kv_heads, uint32_t page_size, uint32_t partition, uint32_t num_splits,                  \
-             float scale_log2) {                                                                                  \
-        attention<T, D>(q, k_cache, v_cache, seqs, page_tables, tiles, out, part_acc, part_ml, num_heads,         \
-                        num_kv_heads, page_size, partition, num_splits, scale_log2);                             \
+#define WRITE_KV_BLOCKS(NAME, B)                                                                          \
+    extern "C" __global__ void NAME(const float* rows, const uint32_t* slots, uint8_t* cache, uint32_t n_rows, \
+                                    uint32_t slot_len, uint32_t block, float norm) {                       \
+        write_kv_blocks<B>(rows, slots, cache, n_rows, slot_len, block, norm);                             \
     }
 
-#define ATTENTION_ALL_DIMS(T, SUFFIX)               \
-    ATTENTION(radix_attention_##SUFFIX##_d16, T, 16)   \
-    ATTENTION(radix_attention_##SUFFIX##_d32, T, 32)   \
-    ATTENTION(radix_attention_##SUFFIX##_d64, T, 64)   \
-    ATTENTION(radix_attention_##SUFFIX##_d96, T, 96)   \
-    ATTENTION(radix_attention_##SUFFIX##_d128, T, 128)
+WRITE_KV_BLOCKS(radix_write_kv_q8_0, BlockQ8_0)
+WRITE_KV_BLOCKS(radix_write_kv_q4_0, BlockQ4_0)
 
-ATTENTION_ALL_DIMS(float, f32)
-ATTENTION_ALL_DIMS(__half, f16)
-ATTENTION_ALL_DIMS(__nv_bfloat16, bf16)
+extern "C" __global__ void radix_hadamard_heads(const float* src, float* dst, uint32_t head_dim, uint32_t block,
+                                                float norm) {
+    hadamard_heads(src, dst, head_dim, block, norm);
+}
+
+#define ATTENTION(NAME, KT, VT, D)                                                                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                                     \
+        NAME(const float* q, const KvFormat<KT>::Unit* k_cache, const KvFormat<VT>::Unit* v_cache,                \
+             const uint32_t* seqs, const uint32_t* page_tables, const uint32_t* tiles, float* out,                \
+             float* part_acc, float* part_ml, uint32_t num_heads, uint32_t num_kv_heads, uint32_t page_size,      \
+             uint32_t partition, uint32_t num_splits, float scale_log2) {                                         \
+        attention<KT, VT, D>(q, k_cache, v_cache, seqs, page_tables, tiles, out, part_acc, part_ml, num_heads,    \
+                             num_kv_heads, page_size, partition, num_splits, scale_log2);                        \
+    }
+
+// Kernel names: radix_attention_<K format>_<V format>_d<head_dim>.
+#define ATTENTION_BLOCK_DIMS(KT, VT, SUFFIX)              \
+    ATTENTION(radix_attention_##SUFFIX##_d32, KT, VT, 32)   \
+    ATTENTION(radix_attention_##SUFFIX##_d64, KT, VT, 64)   \
+    ATTENTION(radix_attention_##SUFFIX##_d96, KT, VT, 96)   \
+    ATTENTION(radix_attention_##SUFFIX##_d128, KT, VT, 128)
+
+#define ATTENTION_ALL_DIMS(T, SUFFIX)                  \
+    ATTENTION(radix_attention_##SUFFIX##_d16, T, T, 16) \
+    ATTENTION_BLOCK_DIMS(T, T, SUFFIX)
+
+ATTENTION_ALL_DIMS(float, f32_f32)
+ATTENTION_ALL_DIMS(__half, f16_f16)
+ATTENTION_ALL_DIMS(__nv_bfloat16, bf16_bf16)
+// f16, q8_0 and q4_0 pair freely (models/src/kv_pool.rs, KvTypes::check); blocks need heads of
+// whole blocks, so no d16.
+ATTENTION_BLOCK_DIMS(__half, BlockQ8_0, f16_q8_0)
+ATTENTION_BLOCK_DIMS(__half, BlockQ4_0, f16_q4_0)
+ATTENTION_BLOCK_DIMS(BlockQ8_0, __half, q8_0_f16)
+ATTENTION_BLOCK_DIMS(BlockQ8_0, BlockQ8_0, q8_0_q8_0)
+ATTENTION_BLOCK_DIMS(BlockQ8_0, BlockQ4_0, q8_0_q4_0)
+ATTENTION_BLOCK_DIMS(BlockQ4_0, __half, q4_0_f16)
+ATTENTION_BLOCK_DIMS(BlockQ4_0, BlockQ8_0, q4_0_q8_0)
+ATTENTION_BLOCK_DIMS(BlockQ4_0, BlockQ4_0, q4_0_q4_0)

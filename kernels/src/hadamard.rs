@@ -39,13 +39,19 @@ pub fn hadamard_rotate(values: &mut [f32], block: usize) {
     if block == 1 {
         return;
     }
-    let norm = 1.0 / (block as f32).sqrt();
+    let norm = hadamard_norm(block);
     for part in values.chunks_exact_mut(block) {
         butterflies(part);
         for x in part.iter_mut() {
             *x *= norm;
         }
     }
+}
+
+/// The factor that normalizes a Hadamard block of `block` values, `1 / sqrt(block)`, rounded
+/// once here for the CPU path and the GPU kernels alike.
+pub(crate) fn hadamard_norm(block: usize) -> f32 {
+    1.0 / (block as f32).sqrt()
 }
 
 /// The unnormalized fast Walsh-Hadamard transform of a power-of-two block, in Sylvester's order,

@@ -15,7 +15,7 @@ use crate::error::{ModelError, Result};
 mod storage;
 
 pub use storage::KvDType;
-pub(crate) use storage::{KvSlice, KvStorage};
+pub(crate) use storage::{DeviceKv, KvSlice, KvStorage};
 
 /// The element types of a pool's K and of its V, chosen separately as llama.cpp's
 /// `--cache-type-k` and `--cache-type-v` are. One type converts into both.
@@ -73,12 +73,9 @@ impl LayerKv {
         Some((self.k.slice()?, self.v.slice()?))
     }
 
-    /// The K and V tensors of a pool on a device; `None` for host storage.
-    pub(crate) fn tensors(&self) -> Option<(&Tensor, &Tensor)> {
-        match (&self.k, &self.v) {
-            (KvStorage::Tensor(k), KvStorage::Tensor(v)) => Some((k, v)),
-            _ => None,
-        }
+    /// The K and V of a pool on a device; `None` for host storage.
+    pub(crate) fn device_storage(&self) -> Option<(DeviceKv<'_>, DeviceKv<'_>)> {
+        Some((self.k.device_storage()?, self.v.device_storage()?))
     }
 }
 
@@ -101,7 +98,7 @@ impl KvPool {
 
     /// Like [`new`](Self::new), as tensors on `device` (the tensor path; a model loaded for a
     /// GPU, or with [`LoadOptions::tensor_path`](crate::LoadOptions::tensor_path), needs this).
-    /// The block types are refused there: only the CPU kernels read them.
+    /// The block types are refused except on CUDA: only the CPU and CUDA kernels read them.
     pub fn on_device(
         config: &ModelConfig,
         page_size: usize,
@@ -109,7 +106,19 @@ impl KvPool {
         types: impl Into<KvTypes>,
         device: &Device,
     ) -> Result<Self> {
-        Self::allocate(config, page_size, num_pages, types.into(), Some(device))
+        let types = Self::check_device(types.into(), device)?;
+        Self::allocate(config, page_size, num_pages, types, Some(device))
+    }
+
+    /// `types` if the attention on `device` reads them: block types only on CUDA (elsewhere the
+    /// tensor path gathers pages with candle ops, which know no blocks).
+    fn check_device(types: KvTypes, device: &Device) -> Result<KvTypes> {
+        match [types.k, types.v].into_iter().find(|t| t.is_quantized()) {
+            Some(t) if !device.is_cuda() => Err(ModelError::KvPool(format!(
+                "{t} K/V is read by the CPU path and CUDA only; on {device:?} use f16 or bf16"
+            ))),
+            _ => Ok(types),
+        }
     }
 
     fn allocate(
@@ -166,7 +175,7 @@ impl KvPool {
         types: impl Into<KvTypes>,
         device: &Device,
     ) -> Result<Self> {
-        let types = types.into();
+        let types = Self::check_device(types.into(), device)?;
         let pages = Self::pages_in(config, page_size, budget_bytes, types)?;
         Self::allocate(config, page_size, pages, types, Some(device))
     }
@@ -284,11 +293,26 @@ impl KvPool {
         let len = self.layout.layer_len();
         for layer in &mut self.layers {
             for storage in [&mut layer.k, &mut layer.v] {
-                if let KvStorage::Tensor(t) = storage {
-                    let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(t.dtype())?;
-                    t.slice_set(&noise, 0, 0)?;
-                } else {
-                    storage.set_values(0, &Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?)?;
+                match storage {
+                    KvStorage::Tensor(t) => {
+                        let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(t.dtype())?;
+                        t.slice_set(&noise, 0, 0)?;
+                    }
+                    KvStorage::Blocks(dtype, t) => {
+                        // One tile of noise quantized on the host and repeated on the device: a
+                        // pool of tens of GB would take minutes to quantize value by value.
+                        let tile = len.min(1 << 20);
+                        let mut host = KvStorage::zeros(*dtype, tile, None)?;
+                        host.set_values(0, &Tensor::randn(0f32, std, tile, &Device::Cpu)?.to_vec1::<f32>()?)?;
+                        let mut bytes = Vec::new();
+                        host.append_bytes(0..tile, &mut bytes)?;
+                        let bytes = Tensor::new(bytes, t.device())?;
+                        for start in (0..len).step_by(tile) {
+                            let part = bytes.narrow(0, 0, dtype.bytes(tile.min(len - start)))?;
+                            t.slice_set(&part, 0, dtype.bytes(start))?;
+                        }
+                    }
+                    _ => storage.set_values(0, &Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?)?,
                 }
             }
         }
@@ -319,17 +343,19 @@ mod tests {
         .unwrap()
     }
 
+    /// A pool of tensors on the CPU, block types included (which `on_device` keeps for CUDA):
+    /// the storage code is the same on every device.
+    fn tensors_on_cpu(c: &ModelConfig, types: impl Into<KvTypes>) -> KvPool {
+        KvPool::allocate(c, 4, 6, types.into(), Some(&Device::Cpu)).unwrap()
+    }
+
     /// Host vectors and device tensors (here on the CPU) behave alike: copy-on-write of a partly
     /// filled page copies exactly its first slots in every layer, K and V.
     #[test]
     fn copy_page_copies_the_first_slots_of_every_layer_in_both_storages() {
         let c = config();
         for dtype in KvDType::ALL {
-            let mut pools = vec![KvPool::new(&c, 4, 6, dtype).unwrap()];
-            if !dtype.is_quantized() {
-                pools.push(KvPool::on_device(&c, 4, 6, dtype, &Device::Cpu).unwrap());
-            }
-            for mut pool in pools {
+            for mut pool in [KvPool::new(&c, 4, 6, dtype).unwrap(), tensors_on_cpu(&c, dtype)] {
                 pool.fill_random(1.0).unwrap();
                 let before: Vec<_> = (0..24).map(|s| pool.try_read_slot(1, s).unwrap()).collect();
                 pool.copy_page(1, 4, 3).unwrap();
@@ -359,16 +385,10 @@ mod tests {
         for types in KvDType::ALL.map(KvTypes::from).into_iter().chain([mixed]) {
             let make = |device: bool| match device {
                 false => KvPool::new(&c, 4, 6, types).unwrap(),
-                true => KvPool::on_device(&c, 4, 6, types, &Device::Cpu).unwrap(),
-            };
-            let host_only = types.k.is_quantized() || types.v.is_quantized();
-            let storages: &[(bool, bool)] = if host_only {
-                &[(false, false)]
-            } else {
-                &[(false, false), (false, true), (true, false), (true, true)]
+                true => tensors_on_cpu(&c, types),
             };
             let dtype = types;
-            for &(from_device, to_device) in storages {
+            for (from_device, to_device) in [(false, false), (false, true), (true, false), (true, true)] {
                 let mut from = make(from_device);
                 from.fill_random(1.0).unwrap();
                 let mut bytes = Vec::new();
@@ -390,8 +410,8 @@ mod tests {
     }
 
     /// A pool of block types takes the bytes the formats say (34 and 18 per 32 values), is
-    /// refused where a head is not whole blocks or on a device, and K and V pair only as the
-    /// kernels are built.
+    /// refused where a head is not whole blocks or on a device other than CUDA, and K and V pair
+    /// only as the kernels are built.
     #[test]
     fn block_types_size_pages_and_refuse_what_the_kernels_do_not_read() {
         let c = config();
@@ -405,7 +425,9 @@ mod tests {
         let err = KvPool::new(&small, 4, 6, KvDType::Q4_0).unwrap_err().to_string();
         assert!(err.contains("q4_0") && err.contains("16") && err.contains("f16"), "{err}");
         let err = KvPool::on_device(&c, 4, 6, KvDType::Q8_0, &Device::Cpu).unwrap_err().to_string();
-        assert!(err.contains("q8_0") && err.contains("CPU"), "{err}");
+        assert!(err.contains("q8_0") && err.contains("CUDA"), "{err}");
+        let mixed_on_cpu = KvTypes { k: KvDType::F16, v: KvDType::Q4_0 };
+        assert!(KvPool::with_budget_on(&c, 4, 1 << 20, mixed_on_cpu, &Device::Cpu).is_err());
         let err = KvPool::new(&c, 4, 6, KvTypes { k: KvDType::F32, v: KvDType::Q8_0 }).unwrap_err().to_string();
         assert!(err.contains("f32") && err.contains("q8_0"), "{err}");
         assert_eq!(KvDType::from_name("Q8_0"), Some(KvDType::Q8_0));

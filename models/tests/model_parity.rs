@@ -217,3 +217,56 @@ fn qwen3_matches_transformers() {
     check_model("qwen3", "model-q8_0.gguf", true, true);
     check_model("qwen3", "model-q8_0.gguf", true, false);
 }
+
+/// Quantized K/V on the GPU against the CPU path over the same formats: both round the rows to
+/// the same blocks (rotated, then quantized as ggml does), so they differ only where the GPU's
+/// own f32 rounding (`GPU_F32_TOLERANCE`) puts a value on the other side of a quantization step.
+/// A wrong block layout or rotation moves logits by tens of percent.
+const GPU_QUANTIZED_KV_TOLERANCE: f32 = 2e-2;
+
+/// Quantized K/V pages read by our CUDA kernels (`RADIX_TEST_DEVICE`) give the CPU path's logits
+/// over the same formats, prefilled in one go, in chunks and token by token; off CUDA the tensor
+/// path refuses them with a message naming where they are read.
+#[test]
+fn quantized_kv_on_the_device_matches_the_cpu_path() {
+    use radix_models::KvTypes;
+    let path = fixture("qwen3").join("model.safetensors");
+    let load = |tensor_path, device| {
+        Model::load(&path, &LoadOptions { threads: 2, tensor_path, device, ..Default::default() }).unwrap()
+    };
+    let err = load(true, Device::Cpu).new_kv_pool(16, 24, KvDType::Q8_0).unwrap_err().to_string();
+    assert!(err.contains("q8_0") && err.contains("CUDA") && err.contains("f16"), "{err}");
+    let Some(device) = test_device() else {
+        eprintln!("SKIPPED: the GPU half: RADIX_TEST_DEVICE names no GPU (the CPU tensor path's refusal was checked)");
+        return;
+    };
+    let (cpu, gpu) = (load(false, Device::Cpu), load(true, device));
+    let reference = reference("qwen3");
+    let (q8, q4, f16) = (KvDType::Q8_0, KvDType::Q4_0, KvDType::F16);
+    let mut worst = 0.0f32;
+    for (k, v) in [(q8, q8), (q8, q4), (q4, q4), (f16, q8), (q4, f16)] {
+        let types = KvTypes { k, v };
+        for page_size in [1, 16] {
+            let pages = 256 / page_size + 8;
+            let mut cpu_pool = cpu.new_kv_pool(page_size, pages, types).unwrap();
+            let mut gpu_pool = gpu.new_kv_pool(page_size, pages, types).unwrap();
+            for (s, tokens) in reference.sequences.iter().enumerate() {
+                let n = tokens.len();
+                let decode: Vec<usize> = std::iter::once(2).chain(std::iter::repeat_n(1, n - 2)).collect();
+                for chunks in [vec![n], chunk_schedule(n, s + page_size), decode] {
+                    let want = run_chunks(&cpu, &mut cpu_pool, &mut Pages::new(pages), tokens, &chunks);
+                    let got = run_chunks(&gpu, &mut gpu_pool, &mut Pages::new(pages), tokens, &chunks);
+                    for ((pos, want), (_, got)) in want.iter().zip(&got) {
+                        let err = rel_l2(got, want);
+                        worst = worst.max(err);
+                        assert!(
+                            err < GPU_QUANTIZED_KV_TOLERANCE,
+                            "K {k} V {v} page size {page_size} sequence {s} position {pos}: relative L2 {err}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("quantized K/V on the GPU vs the CPU path: worst relative L2 {worst:e}");
+}

@@ -92,4 +92,8 @@ fn types_the_kernels_do_not_read_are_refused_with_the_flag_named() {
     let template = asset("qwen35_template");
     let err = run(&["-m", model.to_str().unwrap(), "--chat-template-file", template.to_str().unwrap(), "-ctv", "q4_0"]);
     assert!(err.contains("q4_0") && err.contains("16") && err.contains("f16"), "{err}");
+    // The tensor path off CUDA (as Metal runs it) gathers pages with candle ops, which read no
+    // blocks.
+    let err = run(&["--tensor-path", "-ctk", "q8_0"]);
+    assert!(err.contains("q8_0") && err.contains("CUDA") && err.contains("f16"), "{err}");
 }

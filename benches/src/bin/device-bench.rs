@@ -66,6 +66,9 @@ struct Args {
     /// MoE shapes: the first N layers' experts stay in host memory on the CPU kernels.
     #[arg(long, default_value_t = 0)]
     cpu_moe_layers: usize,
+    /// K/V page types to run each shape with (K and V the same): bf16, f16, f32, q8_0, q4_0.
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    kv: Vec<String>,
 }
 
 const PAGE_SIZE: usize = 16;
@@ -150,8 +153,8 @@ fn weight_bytes(c: &ModelConfig, format: RandomFormat, batch: usize) -> f64 {
     }
 }
 
-fn kv_bytes_per_token(c: &ModelConfig) -> f64 {
-    (c.num_kv_layers() * 2 * c.num_kv_heads * c.head_dim * 2) as f64
+fn kv_bytes_per_token(c: &ModelConfig, kv: KvDType) -> f64 {
+    (c.num_kv_layers() * 2 * kv.bytes(c.num_kv_heads * c.head_dim)) as f64
 }
 
 /// A hybrid model's recurrent state for `batch` sequences (slot `s` for sequence `s`).
@@ -242,8 +245,15 @@ fn main() -> Result<()> {
     let bandwidth = copy_bandwidth(&device)?;
     println!("device {}: copy bandwidth {:.0} GB/s (read + write)", device_name(&device), bandwidth / 1e9);
     println!();
-    println!("| shape | weights | run | batch | context | ms | tokens/s | floor ms | floor % |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| shape | weights | KV | run | batch | context | ms | tokens/s | floor ms | floor % |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let kv_types = a
+        .kv
+        .iter()
+        .map(|name| {
+            KvDType::from_name(name).with_context(|| format!("unknown --kv type `{name}` (bf16, f16, f32, q8_0, q4_0)"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
     let max_batch = a.batches.iter().copied().max().unwrap_or(1);
     let max_context = a.contexts.iter().copied().max().unwrap_or(1);
@@ -264,45 +274,52 @@ fn main() -> Result<()> {
                 ..Default::default()
             };
             let model = Model::random(weights, &options).with_context(|| format!("{shape} {format:?}"))?;
-            let pages = max_batch * (max_context + a.decode_steps + 4).div_ceil(PAGE_SIZE);
-            let mut pool = model.new_kv_pool(PAGE_SIZE, pages, KvDType::BF16)?;
-            pool.fill_random(1.0)?;
-            device.synchronize()?;
-            eprintln!("{shape} {format:?}: weights and {pages} KV pages ready in {:.1} s", t.elapsed().as_secs_f64());
-            for &context in &a.contexts {
-                for &batch in &a.batches {
-                    let step = decode_step_seconds(&model, &mut pool, batch, context, a.decode_steps)?;
-                    let weights = weight_bytes(&config, format, batch);
-                    let floor = (weights + batch as f64 * context as f64 * kv_bytes_per_token(&config)) / bandwidth;
-                    println!(
-                        "| {shape} | {format:?} | decode | {batch} | {context} | {:.2} | {:.0} | {:.2} | {:.0}% |",
-                        step * 1e3,
-                        batch as f64 / step,
-                        floor * 1e3,
-                        100.0 * floor / step
-                    );
-                    rows.push(
-                        json!({"shape": shape, "weights": format!("{format:?}"), "run": "decode", "batch": batch,
+            eprintln!("{shape} {format:?}: weights ready in {:.1} s", t.elapsed().as_secs_f64());
+            for &kv in &kv_types {
+                let t = Instant::now();
+                let pages = max_batch * (max_context + a.decode_steps + 4).div_ceil(PAGE_SIZE);
+                let mut pool = model.new_kv_pool(PAGE_SIZE, pages, kv)?;
+                pool.fill_random(1.0)?;
+                device.synchronize()?;
+                eprintln!("{shape} {format:?}: {pages} {kv} KV pages ready in {:.1} s", t.elapsed().as_secs_f64());
+                for &context in &a.contexts {
+                    for &batch in &a.batches {
+                        let step = decode_step_seconds(&model, &mut pool, batch, context, a.decode_steps)?;
+                        let weights = weight_bytes(&config, format, batch);
+                        let floor =
+                            (weights + batch as f64 * context as f64 * kv_bytes_per_token(&config, kv)) / bandwidth;
+                        println!(
+                            "| {shape} | {format:?} | {kv} | decode | {batch} | {context} | {:.2} | {:.0} | {:.2} | {:.0}% |",
+                            step * 1e3,
+                            batch as f64 / step,
+                            floor * 1e3,
+                            100.0 * floor / step
+                        );
+                        rows.push(
+                        json!({"shape": shape, "weights": format!("{format:?}"), "kv": kv.name(), "run": "decode", "batch": batch,
                         "context": context, "seconds": step, "floor_seconds": floor}),
                     );
-                }
-            }
-            for &context in &a.contexts {
-                for &batch in &a.batches {
-                    if batch * context * context > a.max_prefill_pairs {
-                        println!(
-                            "| {shape} | {format:?} | prefill | {batch} | {context} | skipped: over --max-prefill-pairs | | | |"
-                        );
-                        continue;
                     }
-                    let secs = prefill_seconds(&model, &mut pool, batch, context)?;
-                    println!(
-                        "| {shape} | {format:?} | prefill | {batch} | {context} | {:.1} | {:.0} | | |",
-                        secs * 1e3,
-                        (batch * context) as f64 / secs
-                    );
-                    rows.push(json!({"shape": shape, "weights": format!("{format:?}"), "run": "prefill",
-                        "batch": batch, "context": context, "seconds": secs}));
+                }
+                for &context in &a.contexts {
+                    for &batch in &a.batches {
+                        if batch * context * context > a.max_prefill_pairs {
+                            println!(
+                                "| {shape} | {format:?} | {kv} | prefill | {batch} | {context} | skipped: over --max-prefill-pairs | | | |"
+                            );
+                            continue;
+                        }
+                        let secs = prefill_seconds(&model, &mut pool, batch, context)?;
+                        println!(
+                            "| {shape} | {format:?} | {kv} | prefill | {batch} | {context} | {:.1} | {:.0} | | |",
+                            secs * 1e3,
+                            (batch * context) as f64 / secs
+                        );
+                        rows.push(
+                            json!({"shape": shape, "weights": format!("{format:?}"), "kv": kv.name(), "run": "prefill",
+                        "batch": batch, "context": context, "seconds": secs}),
+                        );
+                    }
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! One layer's K or V storage and its element types: host vectors of a float or block type,
-//! or one candle tensor on a device. Offsets and ranges are in values throughout; a block
-//! type's storage divides them by its block (slots are always whole blocks: `PagedLayout`
-//! rows are checked against the type when the pool is made).
+//! or one candle tensor on a device (values, or a block type's bytes). Offsets and ranges are in
+//! values throughout; a block type's storage divides them by its block (slots are always whole
+//! blocks: `PagedLayout` rows are checked against the type when the pool is made).
 
 use candle_core::{DType, Device, Tensor};
 use half::vec::HalfBitsVecExt;
@@ -82,8 +82,8 @@ impl KvDType {
         matches!(self, KvDType::Q8_0 | KvDType::Q4_0)
     }
 
-    /// The candle element type of a pool on a device; `None` for the block types, which only
-    /// the CPU path reads.
+    /// The candle element type of a pool of values on a device; `None` for the block types,
+    /// which a device holds as bytes (`u8`).
     pub fn candle(self) -> Option<DType> {
         match self {
             KvDType::F32 => Some(DType::F32),
@@ -110,6 +110,18 @@ pub(crate) enum KvStorage {
     Q4_0(Vec<KvQ4_0>),
     /// `[layer_len]` elements on a device.
     Tensor(Tensor),
+    /// A block type's bytes on a device, blocks as [`BlockBytes`] lays them out (GGUF's).
+    Blocks(KvDType, Tensor),
+}
+
+/// A layer's K or V on a device, as the tensor path's attention takes it.
+#[derive(Clone, Copy)]
+pub(crate) enum DeviceKv<'a> {
+    /// f32, f16 or bf16 values.
+    Values(&'a Tensor),
+    /// The bytes of a block type's blocks (only CUDA reads them).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Blocks(KvDType, &'a Tensor),
 }
 
 /// A layer's K or V host storage borrowed as its type, for the kernels.
@@ -185,15 +197,20 @@ impl KvStorage {
             (None, KvDType::BF16) => KvStorage::BF16(vec![0u16; len].reinterpret_into::<bf16>()),
             (None, KvDType::Q8_0) => KvStorage::Q8_0(zeroed_blocks(len)),
             (None, KvDType::Q4_0) => KvStorage::Q4_0(zeroed_blocks(len)),
-            (Some(device), dtype) => {
-                let candle = dtype.candle().ok_or_else(|| {
-                    ModelError::KvPool(format!(
-                        "{dtype} K/V is read by the CPU kernels only; on {device:?} use f16 or bf16"
-                    ))
-                })?;
-                KvStorage::Tensor(Tensor::zeros(len, candle, device)?)
-            }
+            (Some(device), dtype) => match dtype.candle() {
+                Some(candle) => KvStorage::Tensor(Tensor::zeros(len, candle, device)?),
+                None => KvStorage::Blocks(dtype, Tensor::zeros(dtype.bytes(len), DType::U8, device)?),
+            },
         })
+    }
+
+    /// The storage on a device; `None` for host storage.
+    pub(crate) fn device_storage(&self) -> Option<DeviceKv<'_>> {
+        match self {
+            KvStorage::Tensor(t) => Some(DeviceKv::Values(t)),
+            KvStorage::Blocks(dtype, t) => Some(DeviceKv::Blocks(*dtype, t)),
+            _ => None,
+        }
     }
 
     /// The host storage borrowed as its type; `None` for a tensor.
@@ -204,7 +221,7 @@ impl KvStorage {
             KvStorage::BF16(v) => KvSlice::BF16(v),
             KvStorage::Q8_0(v) => KvSlice::Q8_0(v),
             KvStorage::Q4_0(v) => KvSlice::Q4_0(v),
-            KvStorage::Tensor(_) => return None,
+            KvStorage::Tensor(_) | KvStorage::Blocks(..) => return None,
         })
     }
 
@@ -234,6 +251,10 @@ impl KvStorage {
                     DType::BF16 => put(&part.to_vec1::<bf16>()?, out, bf16::to_le_bytes),
                     other => return Err(ModelError::KvPool(format!("a KV tensor of {other:?}"))),
                 }
+            }
+            KvStorage::Blocks(dtype, t) => {
+                let bytes = dtype.bytes(range.start)..dtype.bytes(range.end);
+                out.extend_from_slice(&t.narrow(0, bytes.start, bytes.len())?.to_vec1::<u8>()?);
             }
         }
         Ok(())
@@ -270,6 +291,9 @@ impl KvStorage {
                 };
                 t.slice_set(&part, 0, start)?;
             }
+            KvStorage::Blocks(dtype, t) => {
+                t.slice_set(&Tensor::new(bytes, t.device())?, 0, dtype.bytes(start))?;
+            }
         }
         Ok(())
     }
@@ -290,6 +314,11 @@ impl KvStorage {
                 let from = t.narrow(0, src.start, src.len())?.copy()?;
                 t.slice_set(&from, 0, dst)?;
             }
+            KvStorage::Blocks(dtype, t) => {
+                let (start, len) = (dtype.bytes(src.start), dtype.bytes(src.len()));
+                let from = t.narrow(0, start, len)?.copy()?;
+                t.slice_set(&from, 0, dtype.bytes(dst))?;
+            }
         }
         Ok(())
     }
@@ -309,6 +338,14 @@ impl KvStorage {
                 let part = Tensor::new(values, t.device())?.to_dtype(t.dtype())?;
                 t.slice_set(&part, 0, start)?;
             }
+            KvStorage::Blocks(dtype, t) => {
+                // Quantized on the host as the host storage does, then copied over as bytes.
+                let mut host = KvStorage::zeros(*dtype, values.len(), None)?;
+                host.set_values(0, values)?;
+                let mut bytes = Vec::new();
+                host.append_bytes(0..values.len(), &mut bytes)?;
+                t.slice_set(&Tensor::new(bytes, t.device())?, 0, dtype.bytes(start))?;
+            }
         }
         Ok(())
     }
@@ -326,6 +363,13 @@ impl KvStorage {
             KvStorage::Q8_0(v) => read(v, range),
             KvStorage::Q4_0(v) => read(v, range),
             KvStorage::Tensor(t) => t.narrow(0, range.start, range.len())?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+            KvStorage::Blocks(dtype, _) => {
+                let mut bytes = Vec::new();
+                self.append_bytes(range.clone(), &mut bytes)?;
+                let mut host = KvStorage::zeros(*dtype, range.len(), None)?;
+                host.set_bytes(0, &bytes)?;
+                host.values(0..range.len())?
+            }
         })
     }
 }

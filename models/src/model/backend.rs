@@ -19,7 +19,7 @@ use super::gather::GatherPlan;
 use crate::batch::{ForwardBatch, SequenceChunk};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::kv_pool::{KvSlice, LayerKv};
+use crate::kv_pool::{DeviceKv, KvSlice, LayerKv};
 use crate::rope::{Rope, RopeAngles, RopeTensors};
 
 /// The head geometry of the model's attention layers.
@@ -147,18 +147,25 @@ impl<'a> ForwardContext<'a> {
                 Ok(Tensor::from_vec(out, (n, num_heads * head_dim), &Device::Cpu)?)
             }
             Backend::Device { rope, kernel } => {
-                let (k_cache, v_cache) = kv.tensors().ok_or_else(|| pool_mismatch("host memory", "tensor"))?;
+                let (k_cache, v_cache) = kv.device_storage().ok_or_else(|| pool_mismatch("host memory", "tensor"))?;
                 let q = rope.apply(&q.reshape((n, num_heads, head_dim))?)?;
                 let k = rope.apply(&k.reshape((n, num_kv_heads, head_dim))?)?.reshape((n, num_kv_heads * head_dim))?;
                 let v = v.contiguous()?;
                 match kernel {
                     #[cfg(feature = "cuda")]
                     DeviceKernel::Cuda(batch) => {
+                        let (k_cache, v_cache) = (cuda_cache(k_cache)?, cuda_cache(v_cache)?);
                         batch.write_kv(&k, &v, k_cache, v_cache)?;
                         let q = q.reshape((n, num_heads * head_dim))?;
                         Ok(batch.attention(&q, k_cache, v_cache, self.scale)?)
                     }
-                    DeviceKernel::Gather(plan) => plan.attend(self.scale, &q, &k, &v, k_cache, v_cache),
+                    DeviceKernel::Gather(plan) => match (k_cache, v_cache) {
+                        (DeviceKv::Values(k_cache), DeviceKv::Values(v_cache)) => {
+                            plan.attend(self.scale, &q, &k, &v, k_cache, v_cache)
+                        }
+                        // `KvPool::on_device` refuses these off CUDA.
+                        _ => Err(ModelError::KvPool("block K/V types on a device other than CUDA".into())),
+                    },
                 }
             }
         }
@@ -291,6 +298,21 @@ fn recurrent_sequences(
             })
         })
         .collect()
+}
+
+/// A layer's K or V as our CUDA kernels take it.
+#[cfg(feature = "cuda")]
+fn cuda_cache(kv: DeviceKv<'_>) -> Result<radix_kernels::cuda::CudaKvCache<'_>> {
+    use crate::KvDType;
+    use radix_kernels::cuda::CudaKvCache;
+    Ok(match kv {
+        DeviceKv::Values(t) => CudaKvCache::Values(t),
+        DeviceKv::Blocks(KvDType::Q8_0, t) => CudaKvCache::Q8_0(t),
+        DeviceKv::Blocks(KvDType::Q4_0, t) => CudaKvCache::Q4_0(t),
+        DeviceKv::Blocks(other @ (KvDType::F32 | KvDType::F16 | KvDType::BF16), _) => {
+            return Err(ModelError::KvPool(format!("{other} values stored as blocks")));
+        }
+    })
 }
 
 /// A pool that is not where the pass runs ([`crate::Model::forward`] checks this first).
