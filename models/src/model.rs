@@ -153,7 +153,7 @@ impl Model {
         let text = std::fs::read_to_string(&config_path)
             .map_err(|e| ModelError::BadFile { path: config_path.clone(), message: format!("cannot read: {e}") })?;
         let config = ModelConfig::from_hf_json(&text)?;
-        let source = SafetensorsSource::open(dir, config.arch)?;
+        let source = SafetensorsSource::open(dir, config.arch, config.num_layers)?;
         let model = Self::from_source(&source, config, RopeLayout::Neox, options, progress)?;
         Ok(Model { recommended_sampling: RecommendedSampling::from_model_dir(dir), ..model })
     }
@@ -195,7 +195,7 @@ impl Model {
         };
         let rope = Rope::new(&config, layout, divisors.as_deref());
         let tensor_path = options.tensor_path || !device.is_cpu();
-        let (mtp, skipped_mtp) = match mtp::skip_reason(&config, source.naming(), options, tensor_path, &weights) {
+        let (mtp, skipped_mtp) = match mtp::skip_reason(&config, options, tensor_path, &weights) {
             None => (Some(MtpHead::load(&config, &mut weights)?), None),
             Some(why) => (None, why),
         };

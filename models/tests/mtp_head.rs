@@ -3,7 +3,9 @@
 //! more KV layer and a carried hidden row when loaded, the decoder's logits unchanged by it,
 //! and its drafts the same however the prompt was computed (one pass, chunks, token by token,
 //! resumed from a copied state slot), bit for bit, as the prefix cache needs: the head's K/V
-//! and carried row are cached with the prefix whatever chunks computed it.
+//! and carried row are cached with the prefix whatever chunks computed it. The same head from
+//! a transformers checkpoint (`qwen35mtp/hf`, written by `examples/mtp_head_to_hf.rs`) drafts
+//! as the GGUF's.
 
 use std::path::PathBuf;
 
@@ -158,4 +160,40 @@ fn drafts_do_not_depend_on_how_the_prompt_was_computed() {
     // A threshold no token reaches drafts nothing; so does a limit of zero.
     assert!(pools.draft(&model, next, tokens.len(), 1, 5, 1.0).is_empty());
     assert!(pools.draft(&model, next, tokens.len(), 1, 0, 0.0).is_empty());
+}
+
+/// A transformers checkpoint's head (`mtp.fc`, `mtp.layers.0.*`, ...: the fixture's `hf/`, the
+/// same head written by `examples/mtp_head_to_hf.rs`) loads as the GGUF's does: the decoder's
+/// logits and the head's drafts agree after prompts of several lengths, and without `mtp` it is
+/// skipped with the same note.
+#[test]
+fn a_transformers_checkpoint_s_head_drafts_as_the_gguf_s() {
+    let dir = fixture("qwen35mtp").parent().unwrap().join("hf");
+    let hf = |mtp| Model::load(&dir, &LoadOptions { threads: 2, mtp, ..LoadOptions::default() }).unwrap();
+    let plain = hf(false);
+    assert!(!plain.has_mtp_head());
+    assert!(
+        plain.load_notes().iter().any(|n| n.contains("`--spec-type draft-mtp` runs it")),
+        "{:?}",
+        plain.load_notes()
+    );
+    let (hf, gguf) = (hf(true), load("qwen35mtp", true));
+    assert!(hf.has_mtp_head() && hf.config().num_kv_layers() == gguf.config().num_kv_layers());
+    let rel = |a: &[f32], b: &[f32]| {
+        let d: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+        (d / b.iter().map(|y| y * y).sum::<f32>()).sqrt()
+    };
+    let mut drafted = 0;
+    for len in [5, 19, 37] {
+        let tokens = prompt(len);
+        let (mut a, mut b) = (Pools::new(&gguf), Pools::new(&hf));
+        let (want, got) = (a.prefill(&gguf, &tokens, 0, 8, 0), b.prefill(&hf, &tokens, 0, 8, 0));
+        for (w, g) in want.iter().zip(&got) {
+            assert!(rel(g, w) < 1e-5, "prompt of {len}: decoder logits differ by {}", rel(g, w));
+        }
+        let draft = a.draft(&gguf, 42, len, 0, 4, 0.0);
+        assert_eq!(b.draft(&hf, 42, len, 0, 4, 0.0), draft, "prompt of {len}");
+        drafted += draft.len();
+    }
+    assert_eq!(drafted, 12, "every draft runs to its 4 tokens with p_min 0");
 }

@@ -1,5 +1,5 @@
-//! The multi-token-prediction head of Qwen3.5/3.6 (GGUF `nextn` layers, llama.cpp's
-//! `graph_mtp`): one more gated full-attention decoder layer whose input at position `p` is
+//! The multi-token-prediction head of Qwen3.5/3.6 (GGUF `nextn` layers, transformers
+//! checkpoints' `mtp.*`; llama.cpp's `graph_mtp`): one more gated full-attention decoder layer whose input at position `p` is
 //! `eh_proj(concat(enorm(embed(x_p)), hnorm(h_{p-1})))`, `h_{p-1}` being the decoder's normed
 //! hidden row at the position before (the one that predicted `x_p`); its output, normed by
 //! `shared_head_norm`, goes through the model's output head and guesses the token after `x_p`,
@@ -22,13 +22,12 @@ use crate::error::{ModelError, Result};
 use crate::kv_pool::{KvPool, LayerKv};
 use crate::layers::{Linear, RmsNorm};
 use crate::state_pool::StatePool;
-use crate::weights::{Naming, TensorName, Weights};
+use crate::weights::{TensorName, Weights};
 
 /// Why the file's multi-token-prediction head is not loaded: `None` to load it, `Some(None)`
 /// when there is nothing to say (the file has none), else the load note.
 pub(super) fn skip_reason(
     config: &ModelConfig,
-    naming: Naming,
     options: &LoadOptions,
     tensor_path: bool,
     w: &Weights,
@@ -39,16 +38,16 @@ pub(super) fn skip_reason(
     let skipped = |why: &str| {
         Some(Some(format!("skipped the multi-token-prediction head's {} layer(s): {why}", config.mtp_layers)))
     };
-    let head = |t: &str| TensorName::layer(config.num_layers, t, t).weight();
+    let head = |gguf: &str, hf: &str| TensorName::layer(config.num_layers, gguf, hf).weight();
     if !options.mtp {
         skipped("speculative decoding with `--spec-type draft-mtp` runs it")
-    } else if naming != Naming::Gguf {
-        skipped("it runs from GGUF files only, not yet from safetensors")
     } else if config.hybrid.is_none() || config.moe.is_some() {
         skipped("it runs for dense Qwen3.5/3.6 models only, not yet for this architecture")
     } else if tensor_path {
         skipped("it runs on the CPU path only")
-    } else if w.contains(&head("nextn.embed_tokens"), false) || w.contains(&head("nextn.shared_head_head"), false) {
+    } else if w.contains(&head("nextn.embed_tokens", "embed_tokens"), false)
+        || w.contains(&head("nextn.shared_head_head", "shared_head.head"), false)
+    {
         skipped("its own embedding or output head is not supported yet")
     } else {
         None
@@ -84,18 +83,19 @@ pub(crate) struct MtpHead {
 
 impl MtpHead {
     /// Loads the head stored as decoder layer `config.num_layers` (the first after the
-    /// decoder's own), as llama.cpp's converter writes it.
+    /// decoder's own), as llama.cpp's converter writes it (a transformers checkpoint's `mtp.*`
+    /// are found under those names by the safetensors source).
     pub(crate) fn load(config: &ModelConfig, w: &mut Weights) -> Result<Self> {
         let (il, hidden, eps) = (config.num_layers, config.hidden_size, config.rms_norm_eps);
-        let name = |gguf: &str| TensorName::layer(il, gguf, gguf);
-        let head_norm = match w.contains(&name("nextn.shared_head_norm").weight(), false) {
-            true => name("nextn.shared_head_norm"),
+        let name = |gguf: &str, hf: &str| TensorName::layer(il, gguf, hf);
+        let head_norm = match w.contains(&name("nextn.shared_head_norm", "shared_head.norm").weight(), false) {
+            true => name("nextn.shared_head_norm", "shared_head.norm"),
             false => TensorName::model("output_norm", "model.norm"),
         };
         Ok(MtpHead {
-            eh_proj: w.linear(&name("nextn.eh_proj"), [hidden, 2 * hidden], false)?,
-            enorm: w.rms_norm(&name("nextn.enorm"), hidden, eps)?,
-            hnorm: w.rms_norm(&name("nextn.hnorm"), hidden, eps)?,
+            eh_proj: w.linear(&name("nextn.eh_proj", "eh_proj"), [hidden, 2 * hidden], false)?,
+            enorm: w.rms_norm(&name("nextn.enorm", "enorm"), hidden, eps)?,
+            hnorm: w.rms_norm(&name("nextn.hnorm", "hnorm"), hidden, eps)?,
             layer: DecoderLayer::load(config, il, w)?,
             head_norm: w.rms_norm(&head_norm, hidden, eps)?,
         })

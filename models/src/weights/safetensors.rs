@@ -30,11 +30,25 @@ pub(crate) struct SafetensorsSource {
     /// Checkpoints of Qwen3.5 with its vision tower keep the language model under
     /// `model.language_model.` rather than `model.`.
     language_model_prefix: bool,
+    /// The decoder's layers: a layer past them is a multi-token-prediction layer.
+    decoder_layers: usize,
+    /// Where the multi-token-prediction head is kept (`mtp.`, or `model.mtp.`).
+    mtp_prefix: &'static str,
 }
 
+/// The multi-token-prediction head's own tensors as llama.cpp's converter renames them (the
+/// layer's name after `model.layers.{decoder_layers}.`) and as transformers checkpoints keep them
+/// (after `mtp.`).
+const MTP_OWN_TENSORS: [(&str, &str); 4] = [
+    ("eh_proj.", "fc."),
+    ("enorm.", "pre_fc_norm_embedding."),
+    ("hnorm.", "pre_fc_norm_hidden."),
+    ("shared_head.norm.", "norm."),
+];
+
 impl SafetensorsSource {
-    /// Maps every `*.safetensors` file in `dir`.
-    pub(crate) fn open(dir: &Path, arch: Architecture) -> Result<Self> {
+    /// Maps every `*.safetensors` file in `dir`, of a model of `decoder_layers` layers.
+    pub(crate) fn open(dir: &Path, arch: Architecture, decoder_layers: usize) -> Result<Self> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("cannot list: {e}") })?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -50,15 +64,40 @@ impl SafetensorsSource {
             .map_err(|e| ModelError::BadFile { path: dir.to_owned(), message: format!("bad safetensors: {e}") })?;
         let mapped = MappedTensors::open(&files)?;
         let language_model_prefix = tensors.get("model.language_model.embed_tokens.weight").is_ok();
-        Ok(SafetensorsSource { dir: dir.to_owned(), tensors, mapped, arch, language_model_prefix })
+        let mtp_prefix = if tensors.get("model.mtp.fc.weight").is_ok() { "model.mtp." } else { "mtp." };
+        Ok(SafetensorsSource {
+            dir: dir.to_owned(),
+            tensors,
+            mapped,
+            arch,
+            language_model_prefix,
+            decoder_layers,
+            mtp_prefix,
+        })
     }
 
     /// The name `name` is stored under.
     fn stored_name(&self, name: &TensorName) -> String {
+        if let Some(mtp) = self.mtp_name(name.hf()) {
+            return mtp;
+        }
         match name.hf().strip_prefix("model.") {
             Some(rest) if self.language_model_prefix => format!("model.language_model.{rest}"),
             _ => name.hf().to_owned(),
         }
+    }
+
+    /// Where a layer past the decoder's is kept: the layers ask for the multi-token-prediction
+    /// head as llama.cpp's converter renames it (layer `decoder_layers + i`, its own tensors
+    /// in [`MTP_OWN_TENSORS`]), transformers keeps it apart (`mtp.layers.{i}.`, `mtp.fc`, ...).
+    fn mtp_name(&self, hf: &str) -> Option<String> {
+        let (index, tensor) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+        let i = index.parse::<usize>().ok()?.checked_sub(self.decoder_layers)?;
+        let prefix = self.mtp_prefix;
+        Some(match MTP_OWN_TENSORS.iter().find(|(renamed, _)| tensor.starts_with(renamed)) {
+            Some((renamed, kept)) if i == 0 => format!("{prefix}{kept}{}", &tensor[renamed.len()..]),
+            _ => format!("{prefix}layers.{i}.{tensor}"),
+        })
     }
 
     /// The tensor as stored, on `device`.
