@@ -1,7 +1,7 @@
-//! Appends a seeded random multi-token-prediction head to a Qwen3.5 GGUF, laid out as llama.cpp's
-//! converter writes one (`conversion/qwen.py`, `_QwenMtpMixin`): decoder layer `L` (the first
-//! after the model's `L` layers) with a full-attention layer's tensors, shaped like the model's
-//! own full-attention layers, and `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm`,
+//! Appends a seeded random multi-token-prediction head to a Qwen3.5 or Qwen3.5-MoE GGUF, laid out
+//! as llama.cpp's converter writes one (`conversion/qwen.py`, `_QwenMtpMixin`): decoder layer `L`
+//! (the first after the model's `L` layers) with the tensors of the model's last full-attention
+//! layer (its MLP dense or sparse as the model's), shaped like them, and `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm`,
 //! `nextn.shared_head_norm`; `block_count` becomes `L + 1`, `nextn_predict_layers` 1, and a
 //! `recurrent_layers` list gets the new layer as not recurrent. This is how
 //! `models/tests/fixtures/tiny/qwen35mtp/model-f32.gguf` is made from the tiny `qwen35` fixture:
@@ -11,7 +11,9 @@
 //!     models/tests/fixtures/tiny/qwen35/model-f32.gguf models/tests/fixtures/tiny/qwen35mtp/model-f32.gguf
 //! ```
 //!
-//! Values: matrices normal(0, 0.1), norms 1 + normal(0, 0.2) (GGUF norms have llama.cpp's
+//! `models/tests/fixtures/tiny/qwen35moemtp/model-f32.gguf` is made the same way from `qwen35moe`.
+//!
+//! Values: matrices normal(0, 0.1), vectors (norms, the shared expert's gate) 1 + normal(0, 0.2) (GGUF norms have llama.cpp's
 //! `+1` folded in), drawn in tensor-name order from SplitMix64 (seed 0 unless a third
 //! argument gives one). Tensors stay f32.
 
@@ -21,21 +23,6 @@ use std::process::ExitCode;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use radix_models::SplitMix64;
-
-/// The tensors of a full-attention Qwen3.5 layer, as GGUF names them after `blk.N.`.
-const LAYER_TENSORS: [&str; 11] = [
-    "attn_norm",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "attn_q_norm",
-    "attn_k_norm",
-    "post_attention_norm",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,10 +53,11 @@ fn run(input: &PathBuf, output: &PathBuf, seed: u64) -> Result<(), String> {
     let mut file = std::fs::File::open(input).map_err(|e| fail(&input.display().to_string(), &e))?;
     let content = gguf_file::Content::read(&mut file).map_err(|e| fail("not a GGUF file", &e))?;
     let arch = content.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
-    if arch.as_deref() != Some("qwen35") {
-        return Err(format!("{} is a {arch:?} model, not qwen35", input.display()));
-    }
-    let key = |k: &str| format!("qwen35.{k}");
+    let arch = match arch {
+        Some(a) if a == "qwen35" || a == "qwen35moe" => a,
+        other => return Err(format!("{} is a {other:?} model, not qwen35 or qwen35moe", input.display())),
+    };
+    let key = |k: &str| format!("{arch}.{k}");
     if content.metadata.contains_key(&key("nextn_predict_layers")) {
         return Err(format!("{} already carries a multi-token-prediction head", input.display()));
     }
@@ -90,11 +78,14 @@ fn run(input: &PathBuf, output: &PathBuf, seed: u64) -> Result<(), String> {
     let hidden =
         content.tensor_infos.get("token_embd.weight").map(|t| t.shape.dims()[1]).ok_or("no token_embd.weight")?;
     let mut rng = SplitMix64::new(seed);
-    let mut added: Vec<(String, Vec<usize>)> = LAYER_TENSORS
+    // Every tensor of the donor layer (attention, norms, and the dense or sparse MLP), renamed.
+    let donor_prefix = format!("blk.{donor}.");
+    let mut added: Vec<(String, Vec<usize>)> = content
+        .tensor_infos
         .iter()
-        .map(|t| {
-            let shape = content.tensor_infos[&format!("blk.{donor}.{t}.weight")].shape.dims().to_vec();
-            (format!("blk.{layers}.{t}.weight"), shape)
+        .filter_map(|(name, info)| {
+            let t = name.strip_prefix(&donor_prefix)?;
+            Some((format!("blk.{layers}.{t}"), info.shape.dims().to_vec()))
         })
         .collect();
     added.push((format!("blk.{layers}.nextn.eh_proj.weight"), vec![hidden, 2 * hidden]));

@@ -336,6 +336,13 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Whether layer `layer`'s MLP is sparse (experts) rather than dense.
+    pub fn is_sparse_layer(&self, layer: usize) -> bool {
+        // A layer past the decoder's is the multi-token-prediction head, whose MLP is sparse in
+        // a MoE model (Qwen3.5-MoE's), as llama.cpp loads it.
+        self.moe.as_ref().is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(true))
+    }
+
     /// Whether layer `layer` is a Gated DeltaNet (recurrent) layer rather than attention.
     pub fn is_recurrent_layer(&self, layer: usize) -> bool {
         self.hybrid.as_ref().is_some_and(|h| h.recurrent_layers.get(layer).copied().unwrap_or(false))

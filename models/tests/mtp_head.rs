@@ -1,5 +1,6 @@
-//! The multi-token-prediction head (`LoadOptions::mtp`; the `qwen35mtp` fixture is the tiny
-//! Qwen3.5 with a head appended by `examples/add_mtp_head.rs`): loaded only when asked, one
+//! The multi-token-prediction head (`LoadOptions::mtp`; the `qwen35mtp` and `qwen35moemtp`
+//! fixtures are the tiny Qwen3.5 and Qwen3.5-MoE with a head appended by
+//! `examples/add_mtp_head.rs`): loaded only when asked, one
 //! more KV layer and a carried hidden row when loaded, the decoder's logits unchanged by it,
 //! and its drafts the same however the prompt was computed (one pass, chunks, token by token,
 //! resumed from a copied state slot), bit for bit, as the prefix cache needs: the head's K/V
@@ -12,6 +13,8 @@ use std::path::PathBuf;
 use radix_models::{ForwardBatch, KvDType, KvPool, LoadOptions, Model, MtpDraftRequest, StatePool};
 
 const PAGE_SIZE: usize = 4;
+/// The fixtures with a head: the tiny Qwen3.5 and Qwen3.5-MoE (its head's MLP sparse too).
+const HEADED: [&str; 2] = ["qwen35mtp", "qwen35moemtp"];
 const PAGES: usize = 32;
 
 fn fixture(arch: &str) -> PathBuf {
@@ -117,13 +120,15 @@ fn the_head_loads_only_when_asked() {
 /// The decoder's logits are the same bits with the head loaded (it only adds work beside them).
 #[test]
 fn the_head_changes_no_logits() {
-    let (plain, with) = (load("qwen35mtp", false), load("qwen35mtp", true));
-    let tokens = prompt(30);
-    let (mut a, mut b) = (Pools::new(&plain), Pools::new(&with));
-    for chunk in [30, 7, 1] {
-        let want = a.prefill(&plain, &tokens, 0, chunk, 0);
-        let got = b.prefill(&with, &tokens, 0, chunk, 0);
-        assert!(want == got, "chunks of {chunk}: logits differ with the head loaded");
+    for arch in HEADED {
+        let (plain, with) = (load(arch, false), load(arch, true));
+        let tokens = prompt(30);
+        let (mut a, mut b) = (Pools::new(&plain), Pools::new(&with));
+        for chunk in [30, 7, 1] {
+            let want = a.prefill(&plain, &tokens, 0, chunk, 0);
+            let got = b.prefill(&with, &tokens, 0, chunk, 0);
+            assert!(want == got, "{arch}, chunks of {chunk}: logits differ with the head loaded");
+        }
     }
 }
 
@@ -131,7 +136,14 @@ fn the_head_changes_no_logits() {
 /// the same bits after one pass, chunks, single tokens, and a slot resumed from a copy.
 #[test]
 fn drafts_do_not_depend_on_how_the_prompt_was_computed() {
-    let model = load("qwen35mtp", true);
+    for arch in HEADED {
+        drafts_do_not_depend_on_how_the_prompt_was_computed_for(arch);
+    }
+}
+
+fn drafts_do_not_depend_on_how_the_prompt_was_computed_for(arch: &str) {
+    let model = load(arch, true);
+    assert!(model.has_mtp_head(), "{arch}: {:?}", model.load_notes());
     let tokens = prompt(37);
     let next = 42;
     let mut results = Vec::new();
@@ -152,8 +164,8 @@ fn drafts_do_not_depend_on_how_the_prompt_was_computed() {
     let (_, want_draft, want_state) = &results[0];
     assert_eq!(want_draft.len(), 5, "p_min 0 drafts all 5");
     for (how, draft, state) in &results[1..] {
-        assert_eq!(draft, want_draft, "{how}: the head drafts otherwise");
-        assert!(state == want_state, "{how}: the state slot (with its carried row) differs");
+        assert_eq!(draft, want_draft, "{arch}, {how}: the head drafts otherwise");
+        assert!(state == want_state, "{arch}, {how}: the state slot (with its carried row) differs");
     }
     // Drafting twice from the same point drafts the same: its steps' K/V are overwritten, not read.
     assert_eq!(&pools.draft(&model, next, tokens.len(), 1, 5, 0.0), want_draft);

@@ -5,9 +5,10 @@
 //! state `m` decode steps leave, from which decoding goes on exactly as it would have. The
 //! drafts after the first `m` are junk, as rejected drafts are: their K/V must not matter.
 //!
-//! With a multi-token-prediction head (the `qwen35mtp` fixture) the state includes the hidden
-//! row the head carries, and the head drafts the same after the accepted rows as after a cold
-//! pass over the same tokens.
+//! With a multi-token-prediction head (the `qwen35mtp` and `qwen35moemtp` fixtures, the first
+//! from GGUF and from a transformers checkpoint) the state includes the hidden row the head
+//! carries, and the head drafts the same after the accepted rows as after a cold pass over the
+//! same tokens.
 //!
 //! Every comparison is bitwise: the engine promises greedy output identical with and without
 //! speculation, which holds only if the verify pass computes what decode steps compute.
@@ -22,8 +23,10 @@ const CASES: u32 = 12;
 fn fixtures(arch: &str) -> Vec<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(arch);
     match arch {
-        // Made from the qwen35 fixture by `examples/add_mtp_head.rs`: one file.
-        "qwen35mtp" => vec![dir.join("model-f32.gguf")],
+        // Made from the qwen35 and qwen35moe fixtures by `examples/add_mtp_head.rs`, with
+        // `qwen35mtp/hf` the same head in a transformers checkpoint (`examples/mtp_head_to_hf.rs`).
+        "qwen35mtp" => vec![dir.join("model-f32.gguf"), dir.join("hf")],
+        "qwen35moemtp" => vec![dir.join("model-f32.gguf")],
         _ => vec![dir.join("model-q8_0.gguf"), dir.join("model.safetensors")],
     }
 }
@@ -84,8 +87,9 @@ impl<'a> Run<'a> {
 
 fn check(arch: &str) {
     for path in fixtures(arch) {
-        let model = Model::load(&path, &LoadOptions { mtp: arch == "qwen35mtp", ..LoadOptions::default() }).unwrap();
-        assert_eq!(model.has_mtp_head(), arch == "qwen35mtp");
+        let headed = arch.ends_with("mtp");
+        let model = Model::load(&path, &LoadOptions { mtp: headed, ..LoadOptions::default() }).unwrap();
+        assert_eq!(model.has_mtp_head(), headed);
         let vocab = model.config().vocab_size as u32;
         let mut runner = TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() });
         let case = (
@@ -176,6 +180,11 @@ fn qwen35moe_verifies_drafts_as_decode_steps() {
 #[test]
 fn qwen35_with_mtp_head_verifies_drafts_as_decode_steps() {
     check("qwen35mtp");
+}
+
+#[test]
+fn qwen35moe_with_mtp_head_verifies_drafts_as_decode_steps() {
+    check("qwen35moemtp");
 }
 
 #[test]

@@ -179,6 +179,11 @@ fn mtp_head_speculation_changes_no_token() {
     check_with("qwen35mtp", SpecType::NgramAndMtp);
 }
 
+#[test]
+fn moe_mtp_head_speculation_changes_no_token() {
+    check_with("qwen35moemtp", SpecType::NgramAndMtp);
+}
+
 /// A request that opts out drafts nothing; the others on the same engine still do.
 #[test]
 fn a_request_can_opt_out() {

@@ -53,7 +53,7 @@ impl DecoderLayer {
             _ => Mixer::Attention(Attention::load(config, layer, w)?),
         };
         let ffn = match &config.moe {
-            Some(moe) if moe.sparse_layers[layer] => Ffn::Sparse(SparseMoe::load(config, moe, layer, w)?),
+            Some(moe) if config.is_sparse_layer(layer) => Ffn::Sparse(SparseMoe::load(config, moe, layer, w)?),
             _ => Ffn::Dense(Mlp::load(config, layer, w)?),
         };
         // llama.cpp names Qwen3.5's second norm after the attention it follows.

@@ -41,8 +41,8 @@ pub(super) fn skip_reason(
     let head = |gguf: &str, hf: &str| TensorName::layer(config.num_layers, gguf, hf).weight();
     if !options.mtp {
         skipped("speculative decoding with `--spec-type draft-mtp` runs it")
-    } else if config.hybrid.is_none() || config.moe.is_some() {
-        skipped("it runs for dense Qwen3.5/3.6 models only, not yet for this architecture")
+    } else if config.hybrid.is_none() {
+        skipped("it runs for Qwen3.5/3.6 models only, not yet for this architecture")
     } else if tensor_path {
         skipped("it runs on the CPU path only")
     } else if w.contains(&head("nextn.embed_tokens", "embed_tokens"), false)

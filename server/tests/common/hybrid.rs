@@ -1,5 +1,5 @@
-//! The tiny hybrid models (`models/tests/fixtures/tiny/{qwen35,qwen35moe,qwen35mtp}`) and what the model
-//! alone answers, for the engine tests of hybrid models.
+//! The tiny hybrid models (`models/tests/fixtures/tiny/{qwen35,qwen35moe,qwen35mtp,qwen35moemtp}`)
+//! and what the model alone answers, for the engine tests of hybrid models.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,10 +13,11 @@ pub fn fixture(arch: &str, file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures/tiny").join(arch).join(file)
 }
 
-/// The tiny model of `arch` from its F32 GGUF, on one thread (`qwen35mtp`: with its
-/// multi-token-prediction head running).
+/// The tiny model of `arch` from its F32 GGUF, on one thread (`qwen35mtp`, `qwen35moemtp`: with
+/// its multi-token-prediction head running).
 pub fn model(arch: &str) -> Model {
-    let options = LoadOptions { threads: 1, dequantize_weights: false, mtp: arch == "qwen35mtp", ..Default::default() };
+    let mtp = arch.ends_with("mtp");
+    let options = LoadOptions { threads: 1, dequantize_weights: false, mtp, ..Default::default() };
     Model::load(&fixture(arch, "model-f32.gguf"), &options).unwrap()
 }
 
