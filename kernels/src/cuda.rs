@@ -10,9 +10,9 @@
 //! once) and uses it in every layer. A layer's K or V is a [`CudaKvCache`]: values (f32, f16,
 //! bf16), or GGUF's q8_0 / q4_0 blocks as bytes, each head rotated into the Hadamard basis as
 //! the CPU path stores them (the queries rotated in and the output back out around the
-//! attention kernel, as [`paged_attention`](crate::paged_attention) does). Hybrid and MoE models' other kernels live in
-//! [`delta_net`] (the Gated DeltaNet over a state pool in GPU memory) and [`moe`] (routing and
-//! expert dispatch on the device).
+//! attention kernel, as [`paged_attention`](crate::paged_attention) does). Hybrid and MoE
+//! models' other kernels live in [`delta_net`] (the Gated DeltaNet over a state pool in GPU
+//! memory) and [`moe`] (routing and expert dispatch on the device).
 
 pub mod delta_net;
 pub mod moe;
@@ -39,7 +39,7 @@ const MODULE: &str = "radix_paged_attention";
 const BLOCK_THREADS: u32 = 128;
 /// Head sizes with a compiled kernel.
 const HEAD_DIMS: [usize; 5] = [16, 32, 64, 96, 128];
-/// Threads per block of the block-format writes and the Hadamard rotation.
+/// Threads per block of the block-format writes.
 const ROW_THREADS: u32 = 128;
 /// The shared memory a kernel may use without opting in to more (the block-format writes keep a
 /// whole slot's row there).
