@@ -359,35 +359,46 @@ pub fn gated_delta_rule(
     Ok(())
 }
 
-/// [`gated_delta_rule`]'s outputs, continuing from `state`, which is only read: how a drafted
-/// span is verified (its tokens may yet be rejected, and the state must stay where the accepted
-/// ones leave it). Each head sweeps a private copy of its state matrix (64 KiB for 128 x 128,
-/// in cache), so the pool's state is read once and never written; the arithmetic and its order
-/// are [`gated_delta_rule`]'s, so the outputs are bitwise the same.
+/// [`gated_delta_rule`] over a drafted span being verified: `state` advances over the first
+/// `kept` rows (tokens already accepted) and is only read for the rest (drafts that may yet be
+/// rejected, after which the state must be where the accepted ones leave it). Each head goes on
+/// from its updated matrix in a private copy (64 KiB for 128 x 128) while that is in cache, so
+/// the pool's state is read once; the arithmetic and its order are [`gated_delta_rule`]'s, so
+/// the outputs are bitwise its outputs over all the rows.
 #[allow(clippy::too_many_arguments)]
-pub fn gated_delta_rule_read_only(
+pub fn gated_delta_rule_verify(
     shape: &DeltaNetShape,
+    kept: usize,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     g: &[f32],
     beta: &[f32],
-    state: &[f32],
+    state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let inputs = RuleInputs::checked(shape, q, k, v, g, beta, state.len(), out.len())?;
+    if kept > inputs.rows {
+        return Err(KernelError::LengthMismatch { what: "kept rows", expected: inputs.rows, actual: kept });
+    }
+    let (first, rest) = inputs.split(kept);
     let (key_dim, value_dim) = (shape.key_dim, shape.value_dim);
-    let head_outputs: Vec<Vec<f32>> = state
-        .par_chunks_exact(key_dim * value_dim)
+    let head_outputs: Vec<(Vec<f32>, Vec<f32>)> = state
+        .par_chunks_exact_mut(key_dim * value_dim)
         .enumerate()
         .map(|(h, s)| {
+            let mut first_out = vec![0.0f32; first.rows * value_dim];
+            sweep_head(&first, h, s, &mut first_out);
             let mut working = s.to_vec();
-            let mut head_out = vec![0.0f32; inputs.rows * value_dim];
-            sweep_head(&inputs, h, &mut working, &mut head_out);
-            head_out
+            let mut rest_out = vec![0.0f32; rest.rows * value_dim];
+            sweep_head(&rest, h, &mut working, &mut rest_out);
+            (first_out, rest_out)
         })
         .collect();
-    inputs.gather(&head_outputs, out);
+    let (first_outputs, rest_outputs): (Vec<_>, Vec<_>) = head_outputs.into_iter().unzip();
+    let (out_first, out_rest) = out.split_at_mut(kept * shape.num_value_heads * value_dim);
+    first.gather(&first_outputs, out_first);
+    rest.gather(&rest_outputs, out_rest);
     Ok(())
 }
 
@@ -415,6 +426,22 @@ impl<'a> RuleInputs<'a> {
         check_len("output", out_len, rows * num_value_heads * value_dim)?;
         check_len("state", state_len, shape.state_len())?;
         Ok(RuleInputs { shape: *shape, rows, q, k, v, g, beta })
+    }
+
+    /// The first `rows` rows, and the rest.
+    fn split(&self, rows: usize) -> (Self, Self) {
+        let DeltaNetShape { num_key_heads, num_value_heads, key_dim, value_dim, .. } = self.shape;
+        let (qk, vv, hv) = (num_key_heads * key_dim, num_value_heads * value_dim, num_value_heads);
+        let part = |from: usize, to: usize| RuleInputs {
+            shape: self.shape,
+            rows: to - from,
+            q: &self.q[from * qk..to * qk],
+            k: &self.k[from * qk..to * qk],
+            v: &self.v[from * vv..to * vv],
+            g: &self.g[from * hv..to * hv],
+            beta: &self.beta[from * hv..to * hv],
+        };
+        (part(0, rows), part(rows, self.rows))
     }
 
     /// Interleaves the heads' outputs (`[rows, value_dim]` each) into `out`
@@ -489,11 +516,17 @@ mod tests {
     }
 
     proptest! {
-        /// The read-only rule gives the in-place rule's outputs bit for bit and leaves the state
-        /// as it was, for decode-sized and prefill-sized spans.
+        /// The verify rule gives the in-place rule's outputs bit for bit and leaves the state
+        /// where the in-place rule over its first `kept` rows leaves it, for decode-sized and
+        /// prefill-sized spans, `kept` from none to all.
         #[test]
-        fn read_only_rule_equals_the_in_place_one(rows in 1usize..10, dv in prop::sample::select(vec![5usize, 16, 20])) {
+        fn verify_rule_equals_the_in_place_one(
+            rows in 1usize..10,
+            kept_at in any::<prop::sample::Index>(),
+            dv in prop::sample::select(vec![5usize, 16, 20]),
+        ) {
             let shape = DeltaNetShape { num_key_heads: 2, num_value_heads: 4, key_dim: 6, value_dim: dv, tiled_value_heads: false };
+            let kept = kept_at.index(rows + 1);
             let q = values(rows * 12, 0.4);
             let k = values(rows * 12, 0.8);
             let v = values(rows * 4 * dv, 1.6);
@@ -501,13 +534,19 @@ mod tests {
             let beta: Vec<f32> = values(rows * 4, 3.3).iter().map(|x| 0.5 + x).collect();
             let before = values(shape.state_len(), 4.4);
             let mut advanced = before.clone();
-            let (mut in_place, mut read_only) = (vec![0.0; rows * 4 * dv], vec![1.0; rows * 4 * dv]);
+            let (mut in_place, mut verified) = (vec![0.0; rows * 4 * dv], vec![1.0; rows * 4 * dv]);
             gated_delta_rule(&shape, &q, &k, &v, &g, &beta, &mut advanced, &mut in_place).unwrap();
-            let kept = before.clone();
-            gated_delta_rule_read_only(&shape, &q, &k, &v, &g, &beta, &kept, &mut read_only).unwrap();
-            prop_assert_eq!(&in_place, &read_only);
-            prop_assert_eq!(&kept, &before);
+            let mut kept_state = before.clone();
+            let mut scratch = vec![0.0; kept * 4 * dv];
+            gated_delta_rule(&shape, &q[..kept * 12], &k[..kept * 12], &v[..kept * 4 * dv], &g[..kept * 4],
+                &beta[..kept * 4], &mut kept_state, &mut scratch).unwrap();
+            let mut state = before.clone();
+            gated_delta_rule_verify(&shape, kept, &q, &k, &v, &g, &beta, &mut state, &mut verified).unwrap();
+            prop_assert_eq!(&in_place, &verified);
+            prop_assert_eq!(&state, &kept_state);
             prop_assert_ne!(&advanced, &before);
+            let mut state = before.clone();
+            prop_assert!(gated_delta_rule_verify(&shape, rows + 1, &q, &k, &v, &g, &beta, &mut state, &mut verified).is_err());
         }
     }
 

@@ -24,9 +24,10 @@ pub struct SequenceChunk {
     /// A chunk starting at position 0 starts from a zero state whatever the slot held.
     pub state_slot: Option<u32>,
     /// A drafted span being verified (speculative decoding): logits for every new token, not
-    /// only the last; and a hybrid model's state slot is read but not advanced, since a suffix
-    /// of the span may be rejected: the pass keeps the span's recurrent-layer inputs beside the
-    /// slot, and [`crate::Model::apply_verified`] advances the state over the accepted rows.
+    /// only the last; and a hybrid model's state slot advances over the span's first token
+    /// only (the sequence's own, kept whatever becomes of the drafts after it), since a suffix
+    /// of the drafts may be rejected: the pass keeps the span's recurrent-layer inputs beside
+    /// the slot, and [`crate::Model::apply_verified`] advances the state over the accepted rows.
     pub verify: bool,
 }
 

@@ -285,9 +285,10 @@ impl Model {
     }
 
     /// After a pass verified a drafted span on state slot `slot`: advances the slot's state
-    /// over the span's rows `rows` (the accepted ones), bitwise as a pass computing just them
-    /// would have. Calls continue one another from row 0 (so a snapshot can be taken between
-    /// them); the span's kept inputs are freed with its last row, or by
+    /// over the span's rows `rows` (the accepted ones, row 0 first: the sequence's own token,
+    /// which the verify pass already applied), bitwise as a pass computing just them would
+    /// have. Calls continue one another from row 0 (so a snapshot can be taken between them);
+    /// the span's kept inputs are freed with its last row, or by
     /// [`StatePool::discard_verified`]. Models without recurrent layers have nothing to do.
     pub fn apply_verified(&self, state: &mut StatePool, slot: u32, rows: std::ops::Range<usize>) -> Result<()> {
         if self.config.hybrid.is_none() {

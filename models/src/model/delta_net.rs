@@ -12,7 +12,7 @@ use std::ops::Range;
 use candle_core::{Device, Tensor};
 use candle_nn::ops::sigmoid;
 use radix_kernels::delta_net::{
-    DeltaNetShape, causal_conv1d_silu, gated_delta_rule, gated_delta_rule_read_only, l2_normalize, softplus,
+    DeltaNetShape, causal_conv1d_silu, gated_delta_rule, gated_delta_rule_verify, l2_normalize, softplus,
 };
 
 use super::backend::ForwardContext;
@@ -187,7 +187,7 @@ impl GatedDeltaNet {
                 .state_slot
                 .ok_or_else(|| ModelError::Batch("a sequence of a hybrid model's batch has no state slot".into()))?;
             let rows = chunk.start..chunk.start + chunk.len;
-            let span = VerifiedSpan {
+            let mut span = VerifiedSpan {
                 qkv: qkv[rows.start * channels..rows.end * channels].to_vec(),
                 decay_in: decay_in[rows.start * nv..rows.end * nv].to_vec(),
                 beta: beta[rows.start * nv..rows.end * nv].to_vec(),
@@ -197,61 +197,58 @@ impl GatedDeltaNet {
             let out = &mut core[rows.start * nv * dv..rows.end * nv * dv];
             let mut slot_state = state.slot(slot as usize, self.conv_state_len(), self.shape.state_len())?;
             let (conv_state, ssm_state) = slot_state.parts();
+            if span.fresh {
+                conv_state.fill(0.0);
+                ssm_state.fill(0.0);
+            }
             if chunk.verify {
-                // The state is only read: the rows after the first rejected draft must not
-                // leave a trace in it.
-                let (mut conv_copy, zero_ssm);
-                let ssm_state: &[f32] = if span.fresh {
-                    conv_copy = vec![0.0; conv_state.len()];
-                    zero_ssm = vec![0.0; ssm_state.len()];
-                    &zero_ssm
-                } else {
-                    conv_copy = conv_state.to_vec();
-                    ssm_state
-                };
-                self.mix(&span, 0..chunk.len, &mut conv_copy, Ssm::ReadOnly(ssm_state), out)?;
+                // The first row is the sequence's own last token, kept whatever becomes of the
+                // drafts: it advances the slot as a decode step would, so a round that rejects
+                // every draft replays nothing. The drafts only read the state it leaves: the
+                // rows after the first rejected one must not leave a trace in it.
+                self.mix(&span, 0..chunk.len, conv_state, Ssm::Verify { state: ssm_state, kept: 1 }, out)?;
+                span.applied = 1;
                 verified.insert(slot, span);
             } else {
-                if span.fresh {
-                    conv_state.fill(0.0);
-                    ssm_state.fill(0.0);
-                }
                 self.mix(&span, 0..chunk.len, conv_state, Ssm::Advance(ssm_state), out)?;
                 verified.remove(&slot);
-                let copy = slot_state.into_copy();
-                state.write_back(copy)?;
             }
+            let copy = slot_state.into_copy();
+            state.write_back(copy)?;
         }
         Ok(core)
     }
 
     /// Advances `slot`'s state over rows `rows` of the span last verified there: bitwise the
     /// state a pass computing just those rows would leave. Calls continue one another from
-    /// row 0; the span is forgotten once its last row is applied.
+    /// row 0; the first row the verify pass applied itself, so rows already applied are
+    /// skipped. The span is forgotten once its last row is applied.
     pub(crate) fn apply_verified(&self, state: &mut LayerState, slot: u32, rows: Range<usize>) -> Result<()> {
         let span = state
             .verified
             .get(&slot)
             .ok_or_else(|| ModelError::Batch(format!("no verified span on state slot {slot} to apply")))?;
         let len = span.decay_in.len() / self.shape.num_value_heads;
-        if rows.start != span.applied || rows.end > len || rows.start > rows.end {
+        // From where the last call ended, or from row 0 when only the verify pass's own row is
+        // applied (callers count the span from its start).
+        let continues = rows.start == span.applied || (rows.start == 0 && span.applied == 1);
+        if !continues || rows.end > len || rows.start > rows.end {
             return Err(ModelError::Batch(format!(
                 "rows {rows:?} of a verified span of {len} rows, {} of them applied",
                 span.applied
             )));
         }
+        let rows = span.applied.max(rows.start)..rows.end.max(span.applied);
         let mut span = state.verified.remove(&slot).expect("found above");
-        let mut host = HostState::of(state);
-        let mut slot_state = host.slot(slot as usize, self.conv_state_len(), self.shape.state_len())?;
-        let (conv_state, ssm_state) = slot_state.parts();
-        if span.fresh && span.applied == 0 {
-            conv_state.fill(0.0);
-            ssm_state.fill(0.0);
+        if !rows.is_empty() {
+            let mut host = HostState::of(state);
+            let mut slot_state = host.slot(slot as usize, self.conv_state_len(), self.shape.state_len())?;
+            let (conv_state, ssm_state) = slot_state.parts();
+            let mut out = vec![0.0f32; rows.len() * self.shape.num_value_heads * self.shape.value_dim];
+            self.mix(&span, rows.clone(), conv_state, Ssm::Advance(ssm_state), &mut out)?;
+            let copy = slot_state.into_copy();
+            host.write_back(copy)?;
         }
-        let mut out = vec![0.0f32; rows.len() * self.shape.num_value_heads * self.shape.value_dim];
-        self.mix(&span, rows.clone(), conv_state, Ssm::Advance(ssm_state), &mut out)?;
-        let copy = slot_state.into_copy();
-        host.write_back(copy)?;
         span.applied = rows.end;
         if span.applied < len {
             state.verified.insert(slot, span);
@@ -275,7 +272,18 @@ impl GatedDeltaNet {
         let channels = self.channels();
         let input = &span.qkv[rows.start * channels..rows.end * channels];
         let mut mixed = vec![0.0f32; input.len()];
-        causal_conv1d_silu(input, &self.conv, self.conv_kernel, conv_state, &mut mixed)?;
+        // The convolution's window advances as the state does: over the kept rows only.
+        let kept = match ssm {
+            Ssm::Advance(_) => rows.len(),
+            Ssm::Verify { kept, .. } => kept.min(rows.len()),
+        };
+        let (kept_in, drafts_in) = input.split_at(kept * channels);
+        let (kept_out, drafts_out) = mixed.split_at_mut(kept * channels);
+        causal_conv1d_silu(kept_in, &self.conv, self.conv_kernel, conv_state, kept_out)?;
+        if !drafts_in.is_empty() {
+            let mut window = conv_state.to_vec();
+            causal_conv1d_silu(drafts_in, &self.conv, self.conv_kernel, &mut window, drafts_out)?;
+        }
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         for row in mixed.chunks_exact(channels) {
             q.extend_from_slice(&row[..nk * dk]);
@@ -295,7 +303,9 @@ impl GatedDeltaNet {
         let beta = &span.beta[rows.start * nv..rows.end * nv];
         match ssm {
             Ssm::Advance(state) => gated_delta_rule(&self.shape, &q, &k, &v, &g, beta, state, out)?,
-            Ssm::ReadOnly(state) => gated_delta_rule_read_only(&self.shape, &q, &k, &v, &g, beta, state, out)?,
+            Ssm::Verify { state, kept } => {
+                gated_delta_rule_verify(&self.shape, kept, &q, &k, &v, &g, beta, state, out)?
+            }
         }
         Ok(())
     }
@@ -312,10 +322,11 @@ impl GatedDeltaNet {
     }
 }
 
-/// The delta rule's state for [`GatedDeltaNet::mix`]: advanced in place, or only read.
+/// The delta rule's state for [`GatedDeltaNet::mix`]: advanced in place over every row, or
+/// (a span being verified) over its first `kept` rows only and read for the rest.
 enum Ssm<'a> {
     Advance(&'a mut [f32]),
-    ReadOnly(&'a [f32]),
+    Verify { state: &'a mut [f32], kept: usize },
 }
 
 /// Where [`GatedDeltaNet::core_on_host`] finds each sequence's state: the host pool's slices
