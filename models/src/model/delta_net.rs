@@ -303,9 +303,7 @@ impl GatedDeltaNet {
         let beta = &span.beta[rows.start * nv..rows.end * nv];
         match ssm {
             Ssm::Advance(state) => gated_delta_rule(&self.shape, &q, &k, &v, &g, beta, state, out)?,
-            Ssm::Verify { state, kept } => {
-                gated_delta_rule_verify(&self.shape, kept, &q, &k, &v, &g, beta, state, out)?
-            }
+            Ssm::Verify { state, .. } => gated_delta_rule_verify(&self.shape, kept, &q, &k, &v, &g, beta, state, out)?,
         }
         Ok(())
     }
