@@ -31,7 +31,7 @@ pub use config::{Architecture, HybridConfig, ModelConfig, MoeConfig};
 pub use device::{Device, device_name, parse_device};
 pub use error::{ModelError, Result};
 pub use kv_pool::{KvDType, KvPool, KvTypes};
-pub use model::{LoadOptions, Model, MtpDraftRequest};
+pub use model::{LoadOptions, Model, MtpDraftRequest, PassLogits};
 /// The instruction-set level of the CPU kernels (`RADIX_CPU_ISA` lowers it).
 pub use radix_kernels::CpuIsa;
 pub use recommended_sampling::RecommendedSampling;

@@ -34,6 +34,7 @@ mod head;
 mod mlp;
 mod moe;
 mod mtp;
+mod pass_logits;
 
 use backend::ForwardContext;
 use decoder_layer::{DecoderLayer, LayerCache};
@@ -41,6 +42,7 @@ use head::Head;
 use mtp::MtpHead;
 
 pub use mtp::MtpDraftRequest;
+pub use pass_logits::PassLogits;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -316,6 +318,31 @@ impl Model {
         &self,
         batch: &ForwardBatch,
         kv: &mut KvPool,
+        state: Option<&mut StatePool>,
+    ) -> Result<Tensor> {
+        let normed = self.logit_rows_normed(batch, kv, state)?;
+        self.threads.install(|| self.head.logits(&normed))
+    }
+
+    /// [`forward_with_state`](Self::forward_with_state) as the engine reads it: the logits of
+    /// each sequence's first logits row computed with the pass, a verified span's others when
+    /// first asked for ([`PassLogits`]), the same bits either way.
+    pub fn forward_pass(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvPool,
+        state: Option<&mut StatePool>,
+    ) -> Result<PassLogits<'_>> {
+        let normed = self.logit_rows_normed(batch, kv, state)?;
+        self.threads.install(|| PassLogits::new(&self.head, &self.threads, batch, &normed))
+    }
+
+    /// Runs the batch through the layers; the final norm of the rows that want logits
+    /// (`[logit rows, hidden]`, in [`ForwardBatch::logit_rows`] order).
+    fn logit_rows_normed(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvPool,
         mut state: Option<&mut StatePool>,
     ) -> Result<Tensor> {
         let layout = *kv.layout();
@@ -367,7 +394,7 @@ impl Model {
             )));
         }
         if batch.tokens.is_empty() {
-            return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, &self.device)?);
+            return Ok(Tensor::zeros((0, self.config.hidden_size), DType::F32, &self.device)?);
         }
         self.threads.install(|| {
             let ctx = ForwardContext::new(&self.config, &self.rope, batch, layout, &self.device, self.tensor_path)?;
@@ -392,7 +419,7 @@ impl Model {
                 (Some(_), ..) => {
                     Err(ModelError::KvPool("the multi-token-prediction head has no KV layer or state".into()))
                 }
-                (None, ..) => self.head.forward(&x, &batch.logit_rows()),
+                (None, ..) => self.head.norm_rows(&x, &batch.logit_rows()),
             }
         })
     }

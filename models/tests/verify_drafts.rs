@@ -221,3 +221,53 @@ fn applying_a_span_out_of_order_is_refused() {
     model.apply_verified(&mut state, 0, 2..3).unwrap();
     assert!(model.apply_verified(&mut state, 0, 3..3).is_err(), "the last row frees the span");
 }
+
+/// The engine's reading of a pass ([`Model::forward_pass`]: each sequence's first logits row
+/// computed with the pass, a verified span's others on first use) gives every row, its argmax
+/// and the whole tensor bitwise as the eager pass does, for a batch mixing a plain decode step,
+/// a prefill chunk and two verified spans.
+#[test]
+fn deferred_logits_rows_are_the_eager_ones() {
+    for arch in ["qwen3", "qwen35", "qwen35mtp"] {
+        let model =
+            Model::load(&fixtures(arch)[0], &LoadOptions { mtp: arch == "qwen35mtp", ..LoadOptions::default() })
+                .unwrap();
+        let config = model.config();
+        let hybrid = config.hybrid.is_some();
+        let pools = || {
+            let kv = KvPool::new(config, PAGE_SIZE, 64, KvDType::F16).unwrap();
+            (kv, hybrid.then(|| model.new_state_pool(4).unwrap()))
+        };
+        let tables: Vec<Vec<u32>> = (0..4u32).map(|s| (s * 16..s * 16 + 16).collect()).collect();
+        let slot = |s: u32| hybrid.then_some(s);
+        let run = |kv: &mut KvPool, state: &mut Option<StatePool>, lazy: bool| {
+            for (s, prompt) in [[5u32, 6, 7], [8, 9, 10], [11, 12, 13]].iter().enumerate() {
+                let mut warm = ForwardBatch::default();
+                warm.push_with_state(prompt, 3, tables[s][..1].to_vec(), false, slot(s as u32));
+                model.forward_with_state(&warm, kv, state.as_mut()).unwrap();
+            }
+            let mut batch = ForwardBatch::default();
+            batch.push_with_state(&[20], 4, tables[0][..1].to_vec(), true, slot(0));
+            batch.push_verify(&[21, 22, 23, 24], 6, tables[1][..2].to_vec(), slot(1));
+            batch.push_with_state(&[25, 26, 27], 3, tables[3][..1].to_vec(), true, slot(3));
+            batch.push_verify(&[28, 29], 4, tables[2][..1].to_vec(), slot(2));
+            if lazy {
+                let pass = model.forward_pass(&batch, kv, state.as_mut()).unwrap();
+                let rows: Vec<Vec<f32>> = (0..pass.len()).rev().map(|i| pass.row(i).unwrap()).rev().collect();
+                (rows, pass.argmax().unwrap(), pass.to_tensor().unwrap().to_vec2::<f32>().unwrap())
+            } else {
+                let t = model.forward_with_state(&batch, kv, state.as_mut()).unwrap();
+                let argmax = t.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+                let rows = t.to_vec2::<f32>().unwrap();
+                (rows.clone(), argmax, rows)
+            }
+        };
+        let ((mut kv_a, mut st_a), (mut kv_b, mut st_b)) = (pools(), pools());
+        let (eager, eager_argmax, _) = run(&mut kv_a, &mut st_a, false);
+        let (rows, argmax, whole) = run(&mut kv_b, &mut st_b, true);
+        assert_eq!(rows.len(), 1 + 4 + 1 + 2, "{arch}: a row per logits row");
+        assert!(rows == eager, "{arch}: a deferred row differs from the eager pass's");
+        assert_eq!(argmax, eager_argmax, "{arch}");
+        assert!(whole == eager, "{arch}: the whole tensor differs");
+    }
+}

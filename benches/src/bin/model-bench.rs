@@ -28,8 +28,9 @@
 //! - A length of 0 in `--pp` or `--tg-ctx` is skipped (`--pp 0` times decode alone).
 //! - `--verify D`: at each `--tg-ctx`, also `--tg-tokens` speculative-decoding rounds that
 //!   verify D drafted tokens and reject them all (the last token and D drafts in one forward,
-//!   then a hybrid model's state advanced over the one accepted row): what a round of bad
-//!   drafts costs against the plain decode step that yields the same one token.
+//!   read as the engine reads it: the first row's logits only; then a hybrid model's state
+//!   advanced over the one accepted row): what a round of bad drafts costs against the plain
+//!   decode step that yields the same one token.
 //! - Peak RSS is `VmHWM` of `/proc/self/status` at the end.
 //!
 //! Token ids are arbitrary (`i * 7919 % vocab`): the cost does not depend on them.
@@ -173,8 +174,11 @@ fn reject_all(
         pages[..context_len.div_ceil(pool.page_size())].to_vec(),
         state.as_ref().map(|_| 0),
     );
-    let out = model.forward_with_state(&batch, pool, state.as_mut())?;
-    anyhow::ensure!(out.dims()[0] == span.len(), "expected a row of logits per verified token, got {:?}", out.dims());
+    // As the engine reads a round: the first row's logits, which reject the first draft; the
+    // other rows' are never computed.
+    let out = model.forward_pass(&batch, pool, state.as_mut())?;
+    anyhow::ensure!(out.len() == span.len(), "expected a row of logits per verified token, got {}", out.len());
+    out.row(0)?;
     if let Some(state) = state.as_mut() {
         model.apply_verified(state, 0, 0..1)?;
         state.discard_verified(0);

@@ -12,7 +12,7 @@ use crate::weights::{Embedded, TensorName, Weights};
 pub(crate) struct Head {
     norm: RmsNorm,
     lm_head: Linear,
-    vocab_size: usize,
+    pub(super) vocab_size: usize,
 }
 
 impl Head {
@@ -34,13 +34,13 @@ impl Head {
         Ok((embedding, Head { norm, lm_head, vocab_size: config.vocab_size }))
     }
 
-    /// `[rows.len(), vocab]` f32 logits of the residual stream's `rows`.
-    pub(crate) fn forward(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
+    /// The final norm of rows `rows` of `[rows, hidden]`: `[rows.len(), hidden]`.
+    pub(crate) fn norm_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
         if rows.is_empty() {
-            return Ok(Tensor::zeros((0, self.vocab_size), DType::F32, x.device())?);
+            return Ok(Tensor::zeros((0, x.dim(1)?), DType::F32, x.device())?);
         }
         let rows = Tensor::from_slice(rows, rows.len(), x.device())?;
-        self.lm_head.forward(&self.norm.forward(&x.index_select(&rows, 0)?)?)
+        self.norm.forward(&x.index_select(&rows, 0)?)
     }
 
     /// The final norm of every row of `[rows, hidden]`: what the output head reads, and the
@@ -51,6 +51,9 @@ impl Head {
 
     /// `[rows, vocab]` f32 logits of rows already normed.
     pub(crate) fn logits(&self, normed: &Tensor) -> Result<Tensor> {
+        if normed.dim(0)? == 0 {
+            return Ok(Tensor::zeros((0, self.vocab_size), DType::F32, normed.device())?);
+        }
         self.lm_head.forward(normed)
     }
 }

@@ -145,7 +145,7 @@ impl Model {
     /// row `x`, the head's K/V of every row (each paired with the hidden row before it: a
     /// chunk's first with its slot's carried row, zeros at position 0), each slot's carried row
     /// moved to its chunk's last (a verified span's rows kept until its accepted ones are
-    /// known), and the logits of the rows that want them.
+    /// known); returns the normed rows that want logits.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_pass_with_mtp(
         &self,
@@ -179,10 +179,10 @@ impl Model {
         mtp.write_kv(embedded, &previous, ctx, kv)?;
         let logit_rows = batch.logit_rows();
         if logit_rows.is_empty() {
-            return Ok(Tensor::zeros((0, self.config.vocab_size), DType::F32, x.device())?);
+            return Ok(Tensor::zeros((0, hidden), DType::F32, x.device())?);
         }
         let logit_rows = Tensor::from_slice(&logit_rows, logit_rows.len(), x.device())?;
-        self.head.logits(&normed.index_select(&logit_rows, 0)?)
+        Ok(normed.index_select(&logit_rows, 0)?)
     }
 
     /// Drafts tokens to follow each request's last token with the multi-token-prediction head,

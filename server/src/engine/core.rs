@@ -231,7 +231,7 @@ impl EngineCore {
             panic!("injected fault: the batch holds token {token}");
         }
         let (pool, state) = self.cache.pools();
-        let logits = match self.model.forward_with_state(&batch, pool, state) {
+        let logits = match self.model.forward_pass(&batch, pool, state) {
             Ok(logits) => logits,
             Err(e) => {
                 let message = format!("model forward failed: {e}");
@@ -244,9 +244,9 @@ impl EngineCore {
         for member in members.iter().filter(|m| m.drafted == 0) {
             self.cache.advance(&mut self.scheduler.running_mut()[member.index], member.end);
         }
-        let argmax = || logits.argmax(1).and_then(|ids| ids.to_vec1::<u32>()).map_err(|e| e.to_string());
-        let row = |i: usize| logits.get(i).and_then(|r| r.to_vec1::<f32>()).map_err(|e| e.to_string());
-        let on_device = !logits.device().is_cpu() && logits.dim(0).unwrap_or(0) > 0;
+        let argmax = || logits.argmax().map_err(|e| e.to_string());
+        let row = |i: usize| logits.row(i).map_err(|e| e.to_string());
+        let on_device = !logits.device().is_cpu() && !logits.is_empty();
         let logits = Logits { on_device, argmax: &argmax, row: &row };
         let outcome = self.postprocess.run(&logits, &members, self.scheduler.running_mut());
         let mut ends = outcome.ends;
