@@ -298,18 +298,13 @@ impl KvPool {
                         let noise = Tensor::randn(0f32, std, len, t.device())?.to_dtype(t.dtype())?;
                         t.slice_set(&noise, 0, 0)?;
                     }
-                    KvStorage::Blocks(dtype, t) => {
+                    KvStorage::Blocks(..) => {
                         // One tile of noise quantized on the host and repeated on the device: a
                         // pool of tens of GB would take minutes to quantize value by value.
                         let tile = len.min(1 << 20);
-                        let mut host = KvStorage::zeros(*dtype, tile, None)?;
-                        host.set_values(0, &Tensor::randn(0f32, std, tile, &Device::Cpu)?.to_vec1::<f32>()?)?;
-                        let mut bytes = Vec::new();
-                        host.append_bytes(0..tile, &mut bytes)?;
-                        let bytes = Tensor::new(bytes, t.device())?;
-                        for start in (0..len).step_by(tile) {
-                            let part = bytes.narrow(0, 0, dtype.bytes(tile.min(len - start)))?;
-                            t.slice_set(&part, 0, dtype.bytes(start))?;
+                        storage.set_values(0, &Tensor::randn(0f32, std, tile, &Device::Cpu)?.to_vec1::<f32>()?)?;
+                        for start in (tile..len).step_by(tile) {
+                            storage.copy_within(0..tile.min(len - start), start)?;
                         }
                     }
                     _ => storage.set_values(0, &Tensor::randn(0f32, std, len, &Device::Cpu)?.to_vec1::<f32>()?)?,

@@ -12,7 +12,7 @@ use crate::weights::{Embedded, TensorName, Weights};
 pub(crate) struct Head {
     norm: RmsNorm,
     lm_head: Linear,
-    pub(super) vocab_size: usize,
+    vocab_size: usize,
 }
 
 impl Head {

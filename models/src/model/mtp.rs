@@ -3,7 +3,8 @@
 //! whose input at position `p` is `eh_proj(concat(enorm(embed(x_p)), hnorm(h_{p-1})))`,
 //! `h_{p-1}` being the decoder's normed hidden row at the position before (the one that
 //! predicted `x_p`); its output, normed by `shared_head_norm`, goes through the model's output
-//! head and guesses the token after `x_p`, a step further than the decoder has come. It drafts for speculative decoding.
+//! head and guesses the token after `x_p`, a step further than the decoder has come. It drafts
+//! for speculative decoding.
 //!
 //! Its attention has a KV pool layer of its own (the pool's last), which the decoder's every
 //! pass fills for its rows ([`MtpHead::write_kv`]: K/V only, nothing else of the layer), so

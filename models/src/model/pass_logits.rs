@@ -74,8 +74,9 @@ impl<'m> PassLogits<'m> {
             return Err(ModelError::Batch(format!("{} normed rows for {at} logits rows", normed.dim(0)?)));
         }
         let device = normed.device().clone();
+        // No first rows is no rows at all (`normed` is empty), which the head answers as such.
         let first = match first_rows.is_empty() {
-            true => Tensor::zeros((0, head.vocab_size), candle_core::DType::F32, &device)?,
+            true => head.logits(normed)?,
             false => {
                 head.logits(&normed.index_select(&Tensor::from_slice(&first_rows, first_rows.len(), &device)?, 0)?)?
             }
